@@ -1,0 +1,53 @@
+//! The Mamba-2 model: mixer, block, stack, a time-series head and a language-model head, generic
+//! over any Burn backend, with the recurrent state as an ordinary, differentiable value.
+//!
+//! - [`Mamba2Config`]: the reference hyper-parameters; derived sizes are methods.
+//! - [`Mamba2Mixer`], [`Mamba2Block`], [`Mamba2Stack`]: the layers, exactly per the recipe.
+//! - [`Mamba2TimeSeries`]: `[batch, L, features] -> [batch, L, outputs]`, for forecasting.
+//! - [`Mamba2LM`]: embedding and tied head, with greedy generation.
+//! - [`Mamba2State`]: what a model needs to continue a sequence; `forward(x, Some(state))`
+//!   continues exactly where an earlier call stopped, and `step` advances one row at a time.
+//! - [`load_hf_lm`]: HF-format checkpoints.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::prelude::*;
+//! use mamba2_model::{Mamba2Config, TimeSeriesConfig};
+//! use mamba2_tensor::compare::tensor_rel_diff;
+//!
+//! type B = NdArray<f64>;
+//! let device = Default::default();
+//! let backbone = Mamba2Config::new(16, 2).with_d_state(8).with_headdim(8).with_chunk_size(4);
+//! let model = TimeSeriesConfig::new(backbone, 3, 1).init::<B>(&device).unwrap();
+//! let x = Tensor::<B, 3>::ones([2, 10, 3], &device);
+//!
+//! // One call over 10 rows equals 6 rows then 4 rows from the returned state.
+//! let (whole, _) = model.forward(x.clone(), None).unwrap();
+//! let (first, state) = model.forward(x.clone().narrow(1, 0, 6), None).unwrap();
+//! let (rest, _) = model.forward(x.narrow(1, 6, 4), Some(state)).unwrap();
+//! assert!(tensor_rel_diff(Tensor::cat(vec![first, rest], 1), whole) < 1e-12);
+//! ```
+
+mod block;
+mod config;
+mod error;
+mod hf;
+mod lm;
+mod mixer;
+mod norm;
+mod params;
+mod stack;
+mod state;
+mod timeseries;
+
+pub use block::Mamba2Block;
+pub use config::{ConfigError, HfExtras, Mamba2Config};
+pub use error::ModelError;
+pub use hf::{lm_from_hf_bytes, load_hf_lm};
+pub use lm::{LmConfig, LmOutput, Mamba2LM};
+pub use mixer::{DepthwiseConv, Mamba2Mixer};
+pub use norm::RmsNorm;
+pub use params::{hf_name, named_grads, named_params, NamedParam};
+pub use stack::Mamba2Stack;
+pub use state::{Mamba2State, MixerState};
+pub use timeseries::{Mamba2TimeSeries, TimeSeriesConfig};

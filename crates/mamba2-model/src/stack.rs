@@ -1,0 +1,85 @@
+use burn::prelude::*;
+
+use crate::block::Mamba2Block;
+use crate::norm::RmsNorm;
+use crate::{Mamba2Config, Mamba2State, ModelError};
+
+/// The residual stack: `n_layer` blocks and a final RMS norm, from `[batch, L, d_model]` to
+/// `[batch, L, d_model]`. The heads ([`Mamba2TimeSeries`](crate::Mamba2TimeSeries),
+/// [`Mamba2LM`](crate::Mamba2LM)) put inputs into it and read outputs out of it.
+#[derive(Module, Debug)]
+pub struct Mamba2Stack<B: Backend> {
+    /// The blocks, first first.
+    pub layers: Vec<Mamba2Block<B>>,
+    /// The final norm, `[d_model]`.
+    pub norm_f: RmsNorm<B>,
+    #[module(skip)]
+    config: Mamba2Config,
+}
+
+impl<B: Backend> Mamba2Stack<B> {
+    /// A stack with mamba_ssm's initialisation.
+    pub fn init(config: &Mamba2Config, device: &B::Device) -> Result<Self, ModelError> {
+        config.validate()?;
+        let layers = (0..config.n_layer).map(|_| Mamba2Block::init(config, device)).collect::<Result<_, _>>()?;
+        Ok(Self { layers, norm_f: RmsNorm::new(config.d_model, device), config: config.clone() })
+    }
+
+    pub(crate) fn from_parts(config: &Mamba2Config, layers: Vec<Mamba2Block<B>>, norm_f: RmsNorm<B>) -> Self {
+        Self { layers, norm_f, config: config.clone() }
+    }
+
+    /// The config this stack was built with.
+    pub fn config(&self) -> &Mamba2Config {
+        &self.config
+    }
+
+    fn check_state(&self, state: &Mamba2State<B>, batch: usize) -> Result<(), ModelError> {
+        if state.layers.len() != self.layers.len() {
+            return Err(ModelError::State {
+                why: format!("state has {} layers, the model {}", state.layers.len(), self.layers.len()),
+            });
+        }
+        if state.batch() != batch {
+            return Err(ModelError::State { why: format!("state is for batch {}, the input has {batch} rows", state.batch()) });
+        }
+        Ok(())
+    }
+
+    /// The stack over a sequence, continuing from `state` (zeros when `None`).
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]` (after the final norm)
+    pub fn forward(&self, mut h: Tensor<B, 3>, state: Option<Mamba2State<B>>) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
+        let batch = h.dims()[0];
+        let states: Vec<_> = match state {
+            Some(s) => {
+                self.check_state(&s, batch)?;
+                s.layers.into_iter().map(Some).collect()
+            }
+            None => vec![None; self.layers.len()],
+        };
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (layer, s) in self.layers.iter().zip(states) {
+            let (next, s) = layer.forward(h, s)?;
+            h = next;
+            out.push(s);
+        }
+        Ok((self.norm_f.forward(h, self.config.norm_eps), Mamba2State { layers: out }))
+    }
+
+    /// One step for one new row per batch entry.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, d_model]`; output: `[batch, d_model]`
+    pub fn step(&self, mut h: Tensor<B, 2>, state: Mamba2State<B>) -> Result<(Tensor<B, 2>, Mamba2State<B>), ModelError> {
+        self.check_state(&state, h.dims()[0])?;
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (layer, s) in self.layers.iter().zip(state.layers) {
+            let (next, s) = layer.step(h, s)?;
+            h = next;
+            out.push(s);
+        }
+        Ok((self.norm_f.forward(h, self.config.norm_eps), Mamba2State { layers: out }))
+    }
+}

@@ -1,0 +1,65 @@
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use burn::prelude::*;
+use mamba2_model::{Mamba2Config, TimeSeriesConfig, LmConfig};
+use safetensors::SafeTensors;
+
+pub type NdF64 = burn::backend::NdArray<f64>;
+pub type NdF64Grad = burn::backend::Autodiff<NdF64>;
+pub type FlexF32 = burn::backend::Flex;
+pub type FlexF32Grad = burn::backend::Autodiff<FlexF32>;
+#[cfg(feature = "cuda")]
+pub type CudaF32 = burn::backend::Cuda;
+#[cfg(feature = "cuda")]
+pub type CudaF32Grad = burn::backend::Autodiff<CudaF32>;
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+}
+
+/// Reads one tensor of a safetensors file as f64 (from f32, f64 or i64) with its shape.
+pub fn read_tensor(bytes: &[u8], key: &str) -> (Vec<f64>, Vec<usize>) {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let view = st.tensor(key).unwrap_or_else(|_| panic!("fixture lacks {key}"));
+    let d = view.data();
+    let values = match view.dtype() {
+        safetensors::Dtype::F32 => d.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect(),
+        safetensors::Dtype::F64 => d.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect(),
+        safetensors::Dtype::I64 => d.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64).collect(),
+        other => panic!("unexpected dtype {other:?} for {key}"),
+    };
+    (values, view.shape().to_vec())
+}
+
+/// A tiny config that still has several heads, two groups, a chunk shorter than the tests'
+/// sequences, and every optional parameter switched on.
+pub fn tiny_config(ngroups: usize) -> Mamba2Config {
+    Mamba2Config::new(8, 2)
+        .with_d_state(4)
+        .with_headdim(4)
+        .with_ngroups(ngroups)
+        .with_chunk_size(4)
+        .with_bias(true)
+}
+
+pub fn tiny_ts(ngroups: usize) -> TimeSeriesConfig {
+    TimeSeriesConfig::new(tiny_config(ngroups), 3, 2)
+}
+
+pub fn tiny_lm(ngroups: usize) -> LmConfig {
+    LmConfig::new(tiny_config(ngroups), 11)
+}
+
+/// A deterministic input that is not constant over time or features.
+pub fn wave<B: Backend>(batch: usize, len: usize, features: usize, device: &B::Device) -> Tensor<B, 3> {
+    let values: Vec<f64> = (0..batch * len * features)
+        .map(|i| {
+            let (b, rest) = (i / (len * features), i % (len * features));
+            let (t, f) = (rest / features, rest % features);
+            ((t as f64) * 0.37 + (f as f64) * 1.3 + (b as f64) * 0.71).sin() + 0.1 * (f as f64)
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(values, [batch, len, features]).convert::<B::FloatElem>(), device)
+}

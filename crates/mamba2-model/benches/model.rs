@@ -1,1 +1,63 @@
-fn main() {}
+//! Forward, forward+backward and the streaming step of the time-series model, on Flex (f32)
+//! and NdArray (f64).
+//!
+//! `cargo bench -p mamba2-model --bench model`; figures are recorded in `docs/benchmarks.md`.
+//! Config: d_model 64, d_state 16, headdim 16, expand 2, 2 layers, batch 8, L 256 (the "small"
+//! config of the performance issue); the step runs at batch 1.
+
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Distribution;
+use criterion::{criterion_group, criterion_main, Criterion};
+use mamba2_model::{Mamba2Config, Mamba2TimeSeries, TimeSeriesConfig};
+
+const BATCH: usize = 8;
+const LEN: usize = 256;
+const FEATURES: usize = 7;
+
+fn config() -> TimeSeriesConfig {
+    TimeSeriesConfig::new(Mamba2Config::new(64, 2).with_d_state(16).with_headdim(16).with_chunk_size(64), FEATURES, FEATURES)
+}
+
+fn bench_backend<B: AutodiffBackend>(c: &mut Criterion, name: &str) {
+    let device = Default::default();
+    let model: Mamba2TimeSeries<B> = config().init(&device).unwrap();
+    let x = Tensor::<B, 3>::random([BATCH, LEN, FEATURES], Distribution::Normal(0.0, 1.0), &device);
+    let inner = model.clone().valid();
+    let x_inner = x.clone().inner();
+
+    let mut group = c.benchmark_group(format!("model/{name}"));
+    group.sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
+    group.bench_function("forward_b8_l256", |b| {
+        b.iter(|| {
+            let (y, _) = inner.forward(x_inner.clone(), None).unwrap();
+            criterion::black_box(y.sum().into_data())
+        })
+    });
+    group.bench_function("forward_backward_b8_l256", |b| {
+        b.iter(|| {
+            let (y, _) = model.forward(x.clone(), None).unwrap();
+            criterion::black_box(y.powi_scalar(2).mean().backward())
+        })
+    });
+    let state = inner.zero_state(1, &device);
+    let row = x_inner.clone().narrow(0, 0, 1).narrow(1, 0, 1).reshape([1, FEATURES]);
+    group.bench_function("step_b1", |b| {
+        b.iter(|| {
+            let (y, s) = inner.step(row.clone(), state.clone()).unwrap();
+            criterion::black_box((y.into_data(), s))
+        })
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    bench_backend::<Autodiff<Flex>>(c, "flex_f32");
+    bench_backend::<Autodiff<NdArray<f64>>>(c, "ndarray_f64");
+}
+
+criterion_group!(model, benches);
+criterion_main!(model);

@@ -7,7 +7,8 @@
 //! - [`Mamba2LM`]: embedding and tied head, with greedy generation.
 //! - [`Mamba2State`]: what a model needs to continue a sequence; `forward(x, Some(state))`
 //!   continues exactly where an earlier call stopped, and `step` advances one row at a time.
-//! - [`load_hf_lm`]: HF-format checkpoints.
+//! - [`load_hf_lm`]: HF-format checkpoints; [`save_checkpoint`] / [`load_checkpoint`]: ours
+//!   (weights, config and metadata in one atomically written file).
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -29,6 +30,7 @@
 //! ```
 
 mod block;
+mod checkpoint;
 mod config;
 mod error;
 mod hf;
@@ -41,6 +43,7 @@ mod state;
 mod timeseries;
 
 pub use block::Mamba2Block;
+pub use checkpoint::{load_checkpoint, read_checkpoint_header, save_checkpoint, write_atomically, Loaded};
 pub use config::{ConfigError, HfExtras, Mamba2Config};
 pub use error::ModelError;
 pub use hf::{lm_from_hf_bytes, load_hf_lm};

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;

@@ -20,13 +20,13 @@ const N: usize = 64;
 const G: usize = 1;
 
 fn input<B: Backend>(device: &B::Device) -> SsdInput<B> {
-    let u = |shape: Vec<usize>, lo: f64, hi: f64| Tensor::random(shape, Distribution::Uniform(lo, hi), device);
+    let u = |lo: f64, hi: f64| Distribution::Uniform(lo, hi);
     SsdInput::new(
-        u(vec![BATCH, LEN, H, P], -1.0, 1.0).reshape([BATCH, LEN, H, P]),
-        u(vec![BATCH, LEN, H], 0.001, 0.1).reshape([BATCH, LEN, H]),
-        u(vec![H], -16.0, -1.0).reshape([H]),
-        u(vec![BATCH, LEN, G, N], -1.0, 1.0).reshape([BATCH, LEN, G, N]),
-        u(vec![BATCH, LEN, G, N], -1.0, 1.0).reshape([BATCH, LEN, G, N]),
+        Tensor::random([BATCH, LEN, H, P], u(-1.0, 1.0), device),
+        Tensor::random([BATCH, LEN, H], u(0.001, 0.1), device),
+        Tensor::random([H], u(-16.0, -1.0), device),
+        Tensor::random([BATCH, LEN, G, N], u(-1.0, 1.0), device),
+        Tensor::random([BATCH, LEN, G, N], u(-1.0, 1.0), device),
     )
     .with_d(Skip::PerHead(Tensor::ones([H], device)))
 }

@@ -1,0 +1,297 @@
+//! CSV time series: loading, chronological splits, z-score scaling fitted on the training rows,
+//! and windows of `lookback` inputs and `horizon` targets.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::TrainError;
+
+/// A numeric table read from a CSV file: named columns, rows in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    /// The chosen numeric columns, in file order.
+    pub columns: Vec<String>,
+    /// `rows[t][j]` is column `j` at row `t`.
+    pub rows: Vec<Vec<f64>>,
+}
+
+/// Which columns to read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ColumnChoice {
+    /// A date/time column to skip (by default one named `date`, `time`, `datetime` or
+    /// `timestamp`, if present).
+    pub date_column: Option<String>,
+    /// Columns to read; by default every column but the date column.
+    pub columns: Option<Vec<String>>,
+}
+
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out.into_iter().map(|s| s.trim().to_string()).collect()
+}
+
+impl Table {
+    /// Reads `path`. Every chosen cell must be a finite number; the error names the file, the
+    /// line and the column of the first one that is not.
+    pub fn from_csv_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
+        let text = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), source })?;
+        let text = String::from_utf8(text).map_err(|_| TrainError::Data { origin: path.display().to_string(), why: "not UTF-8 text".into() })?;
+        Self::from_csv_str(&text, &path.display().to_string(), choice)
+    }
+
+    /// Parses CSV text (`source` names it in errors).
+    pub fn from_csv_str(text: &str, source: &str, choice: &ColumnChoice) -> Result<Self, TrainError> {
+        let err = |why: String| TrainError::Data { origin: source.to_string(), why };
+        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let (_, header) = lines.next().ok_or_else(|| err("empty file: no header row".into()))?;
+        let header = split_csv_line(header);
+        let date = match &choice.date_column {
+            Some(d) => Some(header.iter().position(|h| h == d).ok_or_else(|| err(format!("unknown date column `{d}` (columns: {})", header.join(", "))))?),
+            None => header.iter().position(|h| ["date", "time", "datetime", "timestamp"].contains(&h.to_ascii_lowercase().as_str())),
+        };
+        let picked: Vec<usize> = match &choice.columns {
+            Some(cols) => cols
+                .iter()
+                .map(|c| header.iter().position(|h| h == c).ok_or_else(|| err(format!("unknown column `{c}` (columns: {})", header.join(", ")))))
+                .collect::<Result<_, _>>()?,
+            None => (0..header.len()).filter(|&i| Some(i) != date).collect(),
+        };
+        if picked.is_empty() {
+            return Err(err("no numeric column to read".into()));
+        }
+        let mut rows = Vec::new();
+        for (lineno, line) in lines {
+            let cells = split_csv_line(line);
+            if cells.len() != header.len() {
+                return Err(err(format!("line {}: {} cells, the header has {}", lineno + 1, cells.len(), header.len())));
+            }
+            let row = picked
+                .iter()
+                .map(|&j| {
+                    let cell = &cells[j];
+                    match cell.parse::<f64>() {
+                        Ok(v) if v.is_finite() => Ok(v),
+                        Ok(v) => Err(err(format!("line {}, column `{}`: {v} is not a finite number", lineno + 1, header[j]))),
+                        Err(_) => Err(err(format!("line {}, column `{}`: `{cell}` is not a number", lineno + 1, header[j]))),
+                    }
+                })
+                .collect::<Result<Vec<f64>, _>>()?;
+            rows.push(row);
+        }
+        if rows.is_empty() {
+            return Err(err("header only: no data rows".into()));
+        }
+        Ok(Self { columns: picked.iter().map(|&j| header[j].clone()).collect(), rows })
+    }
+
+    /// Column indices of `names`, in the given order.
+    pub fn indices(&self, names: &[String]) -> Result<Vec<usize>, TrainError> {
+        names
+            .iter()
+            .map(|n| {
+                self.columns.iter().position(|c| c == n).ok_or_else(|| TrainError::Data {
+                    origin: "columns".into(),
+                    why: format!("unknown column `{n}` (columns: {})", self.columns.join(", ")),
+                })
+            })
+            .collect()
+    }
+}
+
+/// How rows are split into train, validation and test, in time order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Split {
+    /// The ETT protocol's row borders: train `[0, train)`, validation `[train - L, val)`, test
+    /// `[val - L, test)` (ETTh1: 8640, 11520, 14400).
+    Borders {
+        /// End of the training rows.
+        train: usize,
+        /// End of the validation rows.
+        val: usize,
+        /// End of the test rows.
+        test: usize,
+    },
+    /// Fractions of all rows for training and validation; the rest is test. Validation and test
+    /// windows reach `L` rows back into the previous split, as in the protocol.
+    Fractions {
+        /// Share of rows for training.
+        train: f64,
+        /// Share of rows for validation.
+        val: f64,
+    },
+}
+
+impl Split {
+    /// The ETTh1 protocol.
+    pub const ETTH1: Split = Split::Borders { train: 8640, val: 11520, test: 14400 };
+
+    /// `[start, end)` row ranges of train, validation and test for `n` rows and lookback `l`.
+    pub fn ranges(&self, n: usize, l: usize) -> Result<[(usize, usize); 3], TrainError> {
+        let (tr, va, te) = match *self {
+            Split::Borders { train, val, test } => (train, val, test),
+            Split::Fractions { train, val } => {
+                if !(train > 0.0 && val >= 0.0 && train + val < 1.0) {
+                    return Err(TrainError::Config { why: format!("split fractions train {train}, val {val} must be positive and sum below 1") });
+                }
+                let tr = (n as f64 * train).round() as usize;
+                let va = tr + (n as f64 * val).round() as usize;
+                (tr, va, n)
+            }
+        };
+        if !(tr <= va && va <= te && te <= n) || tr < l {
+            return Err(TrainError::Config { why: format!("split borders {tr}, {va}, {te} do not fit {n} rows with lookback {l}") });
+        }
+        Ok([(0, tr), (tr - l, va), (va - l, te)])
+    }
+}
+
+/// Per-column z-score scaling, fitted on training rows only (population std, ddof 0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scaler {
+    /// Column means.
+    pub mean: Vec<f64>,
+    /// Column standard deviations (1 where a column is constant).
+    pub std: Vec<f64>,
+}
+
+impl Scaler {
+    /// Fits on `rows`.
+    pub fn fit(rows: &[Vec<f64>]) -> Self {
+        let c = rows[0].len();
+        let n = rows.len() as f64;
+        let mean: Vec<f64> = (0..c).map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / n).collect();
+        let std = (0..c)
+            .map(|j| {
+                let v = rows.iter().map(|r| (r[j] - mean[j]).powi(2)).sum::<f64>() / n;
+                if v > 0.0 { v.sqrt() } else { 1.0 }
+            })
+            .collect();
+        Self { mean, std }
+    }
+
+    /// `(x - mean) / std`, row by row.
+    pub fn transform(&self, rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        rows.iter().map(|r| r.iter().enumerate().map(|(j, v)| (v - self.mean[j]) / self.std[j]).collect()).collect()
+    }
+
+    /// Undoes [`transform`](Self::transform) for column `j`.
+    pub fn inverse(&self, j: usize, v: f64) -> f64 {
+        v * self.std[j] + self.mean[j]
+    }
+}
+
+/// Windows over a row range: input rows `[s, s + lookback)`, target rows
+/// `[s + lookback, s + lookback + horizon)`, for every start `s` with the given stride.
+#[derive(Debug, Clone)]
+pub struct Windows<'a> {
+    /// The (scaled) rows.
+    pub rows: &'a [Vec<f64>],
+    /// Window starts.
+    pub starts: Vec<usize>,
+    /// Input length.
+    pub lookback: usize,
+    /// Target length.
+    pub horizon: usize,
+}
+
+impl<'a> Windows<'a> {
+    /// All windows that fit inside `range` of `rows`.
+    pub fn new(rows: &'a [Vec<f64>], range: (usize, usize), lookback: usize, horizon: usize, stride: usize) -> Result<Self, TrainError> {
+        let (a, b) = range;
+        if stride == 0 {
+            return Err(TrainError::Config { why: "stride must be at least 1".into() });
+        }
+        if b < a + lookback + horizon {
+            return Err(TrainError::Config {
+                why: format!("lookback {lookback} + horizon {horizon} = {} rows do not fit in the {} rows of this split", lookback + horizon, b.saturating_sub(a)),
+            });
+        }
+        let starts = (a..=b - lookback - horizon).step_by(stride).collect();
+        Ok(Self { rows, starts, lookback, horizon })
+    }
+
+    /// Number of windows.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Whether there is no window.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Inputs `[n, lookback, C]` and targets `[n, horizon, T]` (columns `targets`) of the
+    /// windows `idx`, flattened row-major.
+    pub fn gather(&self, idx: &[usize], targets: &[usize]) -> (Vec<f64>, Vec<f64>) {
+        let mut x = Vec::with_capacity(idx.len() * self.lookback * self.rows[0].len());
+        let mut y = Vec::with_capacity(idx.len() * self.horizon * targets.len());
+        for &i in idx {
+            let s = self.starts[i];
+            for r in &self.rows[s..s + self.lookback] {
+                x.extend_from_slice(r);
+            }
+            for r in &self.rows[s + self.lookback..s + self.lookback + self.horizon] {
+                y.extend(targets.iter().map(|&j| r[j]));
+            }
+        }
+        (x, y)
+    }
+}
+
+/// Mean squared and mean absolute error of `pred` against `truth`, accumulated in f64.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ErrorSums {
+    /// Sum of squared errors.
+    pub se: f64,
+    /// Sum of absolute errors.
+    pub ae: f64,
+    /// Number of values.
+    pub n: usize,
+}
+
+impl ErrorSums {
+    /// Adds a batch.
+    pub fn add(&mut self, pred: &[f64], truth: &[f64]) {
+        for (p, t) in pred.iter().zip(truth) {
+            self.se += (p - t).powi(2);
+            self.ae += (p - t).abs();
+        }
+        self.n += pred.len();
+    }
+
+    /// `(MSE, MAE)`.
+    pub fn mse_mae(&self) -> (f64, f64) {
+        (self.se / self.n as f64, self.ae / self.n as f64)
+    }
+}
+
+/// The Repeat baseline: forecast every step as the last observed value. Batches of
+/// `batch_size` windows in order, the last partial batch dropped (the protocol's test loader).
+pub fn repeat_baseline(windows: &Windows, targets: &[usize], batch_size: usize) -> (f64, f64) {
+    let usable = windows.len() / batch_size * batch_size;
+    let mut sums = ErrorSums::default();
+    for i in 0..usable {
+        let s = windows.starts[i];
+        let last = &windows.rows[s + windows.lookback - 1];
+        let (_, y) = windows.gather(&[i], targets);
+        let pred: Vec<f64> = (0..windows.horizon).flat_map(|_| targets.iter().map(|&j| last[j])).collect();
+        sums.add(&pred, &y);
+    }
+    sums.mse_mae()
+}

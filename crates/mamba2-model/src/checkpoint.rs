@@ -32,7 +32,7 @@ fn bad(path: &Path, why: impl Into<String>) -> ModelError {
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let io = |source| ModelError::Io { path: path.display().to_string(), source };
+    let io = |source| ModelError::Io { path: path.display().to_string(), cause: source };
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| bad(path, "not a file path"))?;
     let tmp: PathBuf = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
@@ -87,7 +87,7 @@ pub struct Loaded<M, C> {
 
 /// Reads only the config and metadata of a checkpoint (cheap: no weights are decoded).
 pub fn read_checkpoint_header<C: DeserializeOwned>(path: &Path) -> Result<(C, serde_json::Value), ModelError> {
-    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.display().to_string(), cause: source })?;
     let (config, meta, _) = split(path, &bytes)?;
     Ok((config, meta))
 }
@@ -122,7 +122,7 @@ pub fn load_checkpoint<B: Backend, M: Module<B>, C: DeserializeOwned>(
     device: &B::Device,
     init: impl FnOnce(&C, &B::Device) -> Result<M, ModelError>,
 ) -> Result<Loaded<M, C>, ModelError> {
-    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.display().to_string(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.display().to_string(), cause: source })?;
     let (config, meta, payload) = split::<C>(path, &bytes)?;
     let fresh = init(&config, device)?;
     let expected: Vec<(String, Vec<usize>)> = named_params(&fresh).into_iter().map(|p| (p.path, p.dims)).collect();

@@ -23,12 +23,12 @@ pub enum ModelError {
         why: String,
     },
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// An HF `config.json` is not usable.
     #[error("HF config: {why}")]

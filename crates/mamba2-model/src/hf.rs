@@ -146,7 +146,7 @@ pub fn lm_from_hf_bytes<B: Backend>(config_json: &str, weights: &[u8], path: &st
 pub fn load_hf_lm<B: Backend>(dir: &Path, device: &B::Device) -> Result<(Mamba2LM<B>, HfExtras), ModelError> {
     let read = |name: &str| {
         let path = dir.join(name);
-        std::fs::read(&path).map_err(|source| ModelError::Io { path: path.display().to_string(), source })
+        std::fs::read(&path).map_err(|source| ModelError::Io { path: path.display().to_string(), cause: source })
     };
     let config = read("config.json")?;
     let config = String::from_utf8(config).map_err(|e| ModelError::HfConfig { why: format!("config.json is not UTF-8: {e}") })?;

@@ -50,7 +50,7 @@ impl Table {
     /// Reads `path`. Every chosen cell must be a finite number; the error names the file, the
     /// line and the column of the first one that is not.
     pub fn from_csv_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
-        let text = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), source })?;
+        let text = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), cause: source })?;
         let text = String::from_utf8(text).map_err(|_| TrainError::Data { origin: path.display().to_string(), why: "not UTF-8 text".into() })?;
         Self::from_csv_str(&text, &path.display().to_string(), choice)
     }

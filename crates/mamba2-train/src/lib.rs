@@ -35,12 +35,12 @@ pub use trainer::{batch_tensors, evaluate, train, EpochRecord, Prepared, RunDir,
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The data is unusable.
     #[error("{origin}: {why}")]

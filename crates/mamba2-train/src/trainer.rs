@@ -204,7 +204,7 @@ pub fn train<B: AutodiffBackend>(
     mut log: impl FnMut(&str),
 ) -> Result<TrainSummary, TrainError> {
     tc.validate()?;
-    std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), source })?;
+    std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
     let (l, h) = (config.spec.lookback, config.spec.horizon);
     let train_w = Windows::new(&data.rows, data.ranges[0], l, h, tc.stride)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;

@@ -84,10 +84,10 @@ struct TrainArgs {
     #[arg(long, value_delimiter = ',')]
     targets: Option<Vec<String>>,
     /// Train and validation fractions, e.g. `0.7,0.1` (default: the ETTh1 borders for ETTh1, else 0.7,0.1).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
+    #[arg(long, value_delimiter = ',')]
     split: Option<Vec<f64>>,
     /// Row borders `train_end,val_end,test_end` (overrides --split).
-    #[arg(long, value_delimiter = ',', num_args = 3)]
+    #[arg(long, value_delimiter = ',')]
     borders: Option<Vec<usize>>,
     /// Lookback L.
     #[arg(long, default_value_t = 96)]
@@ -208,7 +208,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let targets = a.targets.clone().unwrap_or_else(|| features.clone());
     let target_idx = table.indices(&targets)?;
     let split = match (&a.borders, &a.split) {
+        (Some(b), _) if b.len() != 3 => bail!("--borders takes three row numbers train_end,val_end,test_end, got {b:?}"),
         (Some(b), _) => Split::Borders { train: b[0], val: b[1], test: b[2] },
+        (None, Some(f)) if f.len() != 2 => bail!("--split takes two fractions train,val, got {f:?}"),
         (None, Some(f)) => Split::Fractions { train: f[0], val: f[1] },
         (None, None) if is_etth1 => Split::ETTH1,
         (None, None) => Split::Fractions { train: 0.7, val: 0.1 },
@@ -384,7 +386,18 @@ fn cmd_stream(a: StreamArgs) -> Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // Usage mistakes are reported on one line like every other error (help and version print
+    // as usual).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("error: {first} (see mamba2 --help)");
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Train(a) => cmd_train(a),
         Command::Eval(a) => cmd_eval(a),

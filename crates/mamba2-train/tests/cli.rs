@@ -1,0 +1,274 @@
+//! The `mamba2` command end to end, on small synthetic data in f64: malformed inputs fail with
+//! one line and no half-written file; a run killed with SIGKILL and resumed ends exactly like an
+//! uninterrupted one; `stream` prints what `predict` prints on the same history.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mamba2"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mamba2-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `rows` rows of three smooth, noisy series with a date column.
+fn synthetic_csv(rows: usize) -> String {
+    let mut s = String::from("date,a,b,c\n");
+    let mut state = 99u64;
+    for t in 0..rows {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let noise = ((state >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.2;
+        let tf = t as f64;
+        s += &format!("2020-01-01 {t:05},{},{},{}\n", (tf * 0.3).sin() + noise, (tf * 0.11).cos() * 2.0 + noise, 0.5 * (tf * 0.3 - 1.0).sin() + 0.01 * tf);
+    }
+    s
+}
+
+const TINY: [&str; 16] = [
+    "--lookback", "12", "--horizon", "3", "--d-model", "8", "--layers", "1", "--d-state", "4", "--headdim", "4", "--chunk-size", "8", "--dtype", "f64",
+];
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("the binary runs")
+}
+
+fn train_tiny(dir: &Path, csv: &Path, extra: &[&str]) -> Output {
+    run(bin()
+        .arg("train")
+        .arg("--data")
+        .arg(csv)
+        .arg("--out")
+        .arg(dir.join("run"))
+        .args(TINY)
+        .args(["--epochs", "1", "--batch-size", "16"])
+        .args(extra))
+}
+
+fn no_temp_files(dir: &Path) -> bool {
+    walk(dir).iter().all(|p| !p.file_name().unwrap().to_string_lossy().contains(".tmp-"))
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
+    let dir = scratch("bad");
+    let good = dir.join("good.csv");
+    std::fs::write(&good, synthetic_csv(300)).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let empty = write("empty.csv", "");
+    let header_only = write("header.csv", "date,a,b\n");
+    let non_numeric = write("text.csv", "date,a,b\nx,1,2\ny,3,oops\n");
+    let nan = write("nan.csv", "date,a,b\nx,1,2\ny,NaN,4\n");
+    let inf = write("inf.csv", "date,a,b\nx,1,inf\ny,3,4\n");
+    let ragged = write("ragged.csv", "date,a,b\nx,1,2\ny,3\n");
+    let short = write("short.csv", &synthetic_csv(40));
+
+    // A real checkpoint, then damaged copies of it.
+    let trained = train_tiny(&dir, &good, &[]);
+    assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    let ckpt = dir.join("run/best.ckpt");
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let truncated = dir.join("truncated.ckpt");
+    std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let corrupt = dir.join("corrupt.ckpt");
+    let mut flipped = bytes.clone();
+    let n = flipped.len() - 7;
+    flipped[n] ^= 0x5a;
+    std::fs::write(&corrupt, flipped).unwrap();
+    let garbage = write("garbage.ckpt", "this is not a checkpoint at all");
+    let a_file = write("a_file", "x");
+
+    let g = good.to_str().unwrap();
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("missing file", vec!["train", "--data", "/nonexistent/data.csv"], "No such file"),
+        ("empty file", vec!["train", "--data", empty.to_str().unwrap()], "empty file"),
+        ("header only", vec!["train", "--data", header_only.to_str().unwrap()], "header only"),
+        ("non-numeric cell", vec!["train", "--data", non_numeric.to_str().unwrap()], "`oops` is not a number"),
+        ("NaN cell", vec!["train", "--data", nan.to_str().unwrap()], "not a finite number"),
+        ("Inf cell", vec!["train", "--data", inf.to_str().unwrap()], "not a finite number"),
+        ("ragged row", vec!["train", "--data", ragged.to_str().unwrap()], "2 cells, the header has 3"),
+        ("unknown column", vec!["train", "--data", g, "--columns", "a,zzz"], "unknown column `zzz`"),
+        ("unknown target", vec!["train", "--data", g, "--targets", "q"], "unknown column `q`"),
+        ("L + H longer than the data", vec!["train", "--data", short.to_str().unwrap(), "--lookback", "96", "--horizon", "96"], "do not fit"),
+        ("batch size 0", vec!["train", "--data", g, "--batch-size", "0", "--lookback", "12", "--horizon", "3"], "batch size must be at least 1"),
+        ("zero epochs", vec!["train", "--data", g, "--epochs", "0", "--lookback", "12", "--horizon", "3"], "epochs must be at least 1"),
+        ("headdim not dividing", vec!["train", "--data", g, "--d-model", "10", "--headdim", "3", "--lookback", "12", "--horizon", "3"], "headdim must divide"),
+        ("bad split fractions", vec!["train", "--data", g, "--split", "0.9,0.5", "--lookback", "12", "--horizon", "3"], "split fractions"),
+        ("truncated checkpoint", vec!["eval", "--checkpoint", truncated.to_str().unwrap(), "--data", g, "--dtype", "f64"], "truncated checkpoint"),
+        ("corrupt checkpoint", vec!["eval", "--checkpoint", corrupt.to_str().unwrap(), "--data", g, "--dtype", "f64"], "checksum mismatch"),
+        ("not a checkpoint", vec!["predict", "--checkpoint", garbage.to_str().unwrap(), "--data", g], "not a mamba2 checkpoint"),
+        ("missing checkpoint", vec!["predict", "--checkpoint", "/nonexistent.ckpt", "--data", g], "No such file"),
+        ("checkpoint of another config", {
+            let mut v: Vec<&str> = vec!["train", "--data", g, "--resume", "--epochs", "2"];
+            v.extend(["--out"]);
+            v
+        }, "another model config"),
+        ("CSV lacking the model's columns", vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", header_only.to_str().unwrap(), "--dtype", "f64"], "unknown column"),
+        ("stream with a windowed model", vec!["stream", "--checkpoint", ckpt.to_str().unwrap()], "--no-revin --no-linear-skip"),
+        ("unwritable output directory", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out", &format!("{}/sub", a_file.to_str().unwrap())], "a_file/sub"),
+        ("existing run without --resume", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out"], "already holds a run"),
+        ("non-numeric flag", vec!["train", "--data", g, "--batch-size", "many"], "invalid value 'many'"),
+        ("cuda in a CPU build", vec!["train", "--data", g, "--device", "cuda", "--lookback", "12", "--horizon", "3", "--out", &out("cuda")], ""),
+    ]
+    .into_iter()
+    .map(|(n, v, e)| (n, v.into_iter().map(String::from).collect::<Vec<_>>(), e))
+    .collect();
+
+    let before: Vec<PathBuf> = walk(&dir);
+    let mut table = Vec::new();
+    for (name, mut args, expected) in cases {
+        if args.last().map(String::as_str) == Some("--out") {
+            args.push(dir.join("run").to_str().unwrap().to_string());
+            if name == "checkpoint of another config" {
+                args.extend(["--d-model", "16", "--headdim", "4", "--lookback", "12", "--horizon", "3", "--dtype", "f64"].map(String::from));
+            }
+        }
+        let o = run(bin().args(&args).stdin(Stdio::null()));
+        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+        table.push(format!("{name}: {}", stderr.trim()));
+        assert!(!o.status.success(), "{name}: exited 0");
+        assert!(matches!(o.status.code(), Some(1 | 2)), "{name}: exit code {:?} (a panic exits 101): {stderr}", o.status.code());
+        assert!(!stderr.contains("panicked"), "{name}: panicked: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{name}: not one line: {stderr}");
+        assert!(stderr.starts_with("error: "), "{name}: {stderr}");
+        assert!(stderr.contains(expected), "{name}: expected `{expected}` in: {stderr}");
+    }
+    println!("{}", table.join("\n"));
+    assert!(no_temp_files(&dir), "a temporary file was left behind");
+    let after: Vec<PathBuf> = walk(&dir);
+    let created: Vec<&PathBuf> = after.iter().filter(|p| !before.contains(p)).collect();
+    assert!(created.is_empty(), "failed commands wrote files: {created:?}");
+    assert_eq!(std::fs::read(&ckpt).unwrap(), bytes, "the run's checkpoint is untouched");
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("wall_seconds");
+    v
+}
+
+#[test]
+fn a_killed_run_resumes_to_the_same_result() {
+    let dir = scratch("resume");
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, synthetic_csv(1500)).unwrap();
+    let args = |out: &Path| -> Vec<String> {
+        let mut v: Vec<String> = ["train", "--data", csv.to_str().unwrap(), "--out", out.to_str().unwrap(), "--epochs", "6", "--batch-size", "8", "--seed", "5"]
+            .map(String::from)
+            .to_vec();
+        v.extend(TINY.map(String::from));
+        v
+    };
+    let straight = dir.join("straight");
+    let o = run(bin().args(args(&straight)));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let killed = dir.join("killed");
+    let mut child = bin().args(args(&killed)).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let start = Instant::now();
+    while !killed.join("last.ckpt").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no epoch finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!killed.join("summary.json").exists(), "the run finished before it was killed: make epochs longer");
+
+    let mut resume = args(&killed);
+    resume.push("--resume".into());
+    let o = run(bin().args(&resume));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("resuming after epoch"), "{stdout}");
+    assert_eq!(summary(&killed), summary(&straight), "resumed and uninterrupted runs differ");
+    let metrics = |d: &Path| std::fs::read_to_string(d.join("metrics.jsonl")).unwrap().lines().map(|l| {
+        let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+        v.as_object_mut().unwrap().remove("seconds");
+        v
+    }).collect::<Vec<_>>();
+    assert_eq!(metrics(&killed), metrics(&straight), "per-epoch metrics differ");
+}
+
+fn parse_rows(text: &str, skip_cols: usize) -> Vec<Vec<f64>> {
+    text.lines().skip(1).map(|l| l.split(',').skip(skip_cols).map(|v| v.parse().unwrap()).collect()).collect()
+}
+
+#[test]
+fn stream_prints_what_predict_prints_on_the_same_history() {
+    let dir = scratch("stream");
+    let csv_text = synthetic_csv(400);
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, &csv_text).unwrap();
+    let o = train_tiny(&dir, &csv, &["--no-revin", "--no-linear-skip"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = dir.join("run/best.ckpt");
+
+    // The test split: the last 20 % of rows (default fractions 0.7, 0.1).
+    let lines: Vec<&str> = csv_text.lines().collect();
+    let header = lines[0];
+    let test_rows = &lines[1 + 320..];
+    let mut child = bin()
+        .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{header}").unwrap();
+        for r in test_rows {
+            writeln!(stdin, "{r}").unwrap();
+        }
+    }
+    let streamed = child.wait_with_output().unwrap();
+    assert!(streamed.status.success());
+    let streamed = parse_rows(&String::from_utf8_lossy(&streamed.stdout), 0);
+    assert_eq!(streamed.len(), test_rows.len() * 3, "one forecast of 3 steps per row");
+
+    let mut worst = 0.0f64;
+    for k in [1usize, 2, 5, 17, 40, test_rows.len()] {
+        let prefix = dir.join(format!("prefix{k}.csv"));
+        std::fs::write(&prefix, format!("{header}\n{}\n", test_rows[..k].join("\n"))).unwrap();
+        let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", prefix.to_str().unwrap(), "--dtype", "f64"]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let predicted = parse_rows(&String::from_utf8_lossy(&o.stdout), 1);
+        for (step, p) in predicted.iter().enumerate() {
+            let s = &streamed[(k - 1) * 3 + step];
+            assert_eq!(s[0] as usize, k);
+            assert_eq!(s[1] as usize, step + 1);
+            for (a, b) in p.iter().zip(&s[2..]) {
+                let d = (a - b).abs() / b.abs().max(1.0);
+                worst = worst.max(d);
+                assert!(d <= 1e-9, "row {k}, step {}: predict {a} vs stream {b}", step + 1);
+            }
+        }
+    }
+    println!("worst relative difference between predict and stream: {worst:e}");
+}

@@ -22,7 +22,8 @@ pub struct ColumnChoice {
     /// A date/time column to skip (by default one named `date`, `time`, `datetime` or
     /// `timestamp`, if present).
     pub date_column: Option<String>,
-    /// Columns to read; by default every column but the date column.
+    /// Columns to read; by default every numeric column (first data cell a number) but the
+    /// date column.
     pub columns: Option<Vec<String>>,
 }
 
@@ -70,7 +71,14 @@ impl Table {
                 .iter()
                 .map(|c| header.iter().position(|h| h == c).ok_or_else(|| err(format!("unknown column `{c}` (columns: {})", header.join(", ")))))
                 .collect::<Result<_, _>>()?,
-            None => (0..header.len()).filter(|&i| Some(i) != date).collect(),
+            // Every numeric column: the ones whose first data cell is a number. A text column
+            // (an id, a label) is left out; a later bad cell in a numeric column is an error.
+            None => {
+                let first = lines.clone().next().map(|(_, l)| split_csv_line(l)).unwrap_or_default();
+                (0..header.len())
+                    .filter(|&i| Some(i) != date && first.get(i).is_none_or(|c| c.parse::<f64>().is_ok()))
+                    .collect()
+            }
         };
         if picked.is_empty() {
             return Err(err("no numeric column to read".into()));
@@ -294,4 +302,42 @@ pub fn repeat_baseline(windows: &Windows, targets: &[usize], batch_size: usize) 
         sums.add(&pred, &y);
     }
     sums.mse_mae()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_columns_are_the_numeric_ones() {
+        let csv = "when,id,x,y\n2020,a1,1.5,2\n2021,b2,2.5,3\n";
+        let t = Table::from_csv_str(csv, "inline", &ColumnChoice { date_column: Some("when".into()), columns: None }).unwrap();
+        assert_eq!(t.columns, ["x", "y"]);
+        assert_eq!(t.rows, vec![vec![1.5, 2.0], vec![2.5, 3.0]]);
+        let bad = "date,x\n1,2\n2,oops\n";
+        let e = Table::from_csv_str(bad, "inline", &ColumnChoice::default()).unwrap_err();
+        assert_eq!(e.to_string(), "inline: line 3, column `x`: `oops` is not a number");
+    }
+
+    #[test]
+    fn quoted_cells_and_fraction_splits() {
+        assert_eq!(split_csv_line(r#"a,"b,c","d""e""#), ["a", "b,c", r#"d"e"#]);
+        let [tr, va, te] = Split::Fractions { train: 0.7, val: 0.1 }.ranges(100, 10).unwrap();
+        assert_eq!((tr, va, te), ((0, 70), (60, 80), (70, 100)));
+        let scaler = Scaler::fit(&[vec![1.0], vec![3.0]]);
+        assert_eq!((scaler.mean[0], scaler.std[0]), (2.0, 1.0), "population std (ddof 0)");
+    }
+
+    #[test]
+    fn windows_cover_every_start_and_batches_may_be_partial() {
+        let rows: Vec<Vec<f64>> = (0..10).map(|t| vec![t as f64, -(t as f64)]).collect();
+        let w = Windows::new(&rows, (0, 10), 3, 2, 1).unwrap();
+        assert_eq!(w.starts, [0, 1, 2, 3, 4, 5]);
+        let (x, y) = w.gather(&[5], &[1]);
+        assert_eq!(x, [5.0, -5.0, 6.0, -6.0, 7.0, -7.0]);
+        assert_eq!(y, [-8.0, -9.0]);
+        let w2 = Windows::new(&rows, (0, 10), 3, 2, 4).unwrap();
+        assert_eq!(w2.starts, [0, 4]);
+        assert!(Windows::new(&rows, (0, 4), 3, 2, 1).is_err());
+    }
 }

@@ -272,3 +272,16 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
     }
     println!("worst relative difference between predict and stream: {worst:e}");
 }
+
+#[test]
+fn a_diverging_run_stops_naming_the_step() {
+    let dir = scratch("nan");
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, synthetic_csv(300)).unwrap();
+    let o = train_tiny(&dir, &csv, &["--lr", "1e30"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: non-finite value at optimizer step "), "{stderr}");
+    assert!(stderr.contains("gradient of ") || stderr.contains("loss is "), "{stderr}");
+    assert!(!stderr.contains("panicked"));
+}

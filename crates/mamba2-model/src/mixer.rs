@@ -5,6 +5,8 @@ use burn::tensor::Distribution;
 use mamba2_ssd::{ssd_chunked, ssd_step, Skip, SsdInput, StepInput};
 use mamba2_tensor::{causal_conv1d, expect_shape, inverse_softplus, silu, softplus, GateOrder};
 
+use crate::fast::{try_core, CoreArgs};
+use crate::kernel::Dims;
 use crate::norm::RmsNorm;
 use crate::{Mamba2Config, MixerState, ModelError};
 
@@ -168,29 +170,82 @@ impl<B: Backend> Mamba2Mixer<B> {
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let c = &self.config;
         let [batch, len, _] = u.dims();
-        let (h, p, g, n, di, cd, k) = (c.nheads(), c.headdim, c.ngroups, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
+        let (h, p, n, di, cd, k) = (c.nheads(), c.headdim, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
         if let Some(s) = &state {
             self.check_state(s, batch)?;
         }
         let zxbcdt = self.in_proj.forward(u);
+        let (conv_tail, ssm_state) = match state {
+            Some(s) => (Some(s.conv), Some(s.ssm)),
+            None => (None, None),
+        };
+        // The next call's left context: the last k - 1 pre-convolution rows, reaching back into
+        // the old tail when this call was shorter than that.
+        let xbc = zxbcdt.clone().narrow(2, di, cd);
+        let tail_or_zeros = conv_tail.clone().unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &xbc.device()));
+        let new_tail = Tensor::cat(vec![tail_or_zeros.clone(), xbc.clone()], 1).narrow(1, len, k - 1);
+
+        let args = CoreArgs {
+            dims: self.kernel_dims(batch, len),
+            zx: zxbcdt,
+            tail: conv_tail,
+            h0: ssm_state,
+            conv_w: self.conv1d.weight.val().reshape([cd, k]),
+            conv_b: self.conv1d.bias.as_ref().map(Param::val),
+            dt_bias: self.dt_bias.val(),
+            a_log: self.a_log.val(),
+            d: self.d.val(),
+            norm_w: self.norm.weight.val(),
+        };
+        let (y, final_state) = match try_core(args) {
+            Ok(packed) => (
+                packed.clone().narrow(1, 0, len * di).reshape([batch, len, di]),
+                packed.narrow(1, len * di, h * p * n).reshape([batch, h, p, n]),
+            ),
+            Err(args) => self.core_generic(args.zx, tail_or_zeros, args.h0)?,
+        };
+        Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: final_state }))
+    }
+
+    fn kernel_dims(&self, batch: usize, len: usize) -> Dims {
+        let c = &self.config;
+        let (lo, hi) = c.dt_limit();
+        Dims {
+            batch,
+            len,
+            nheads: c.nheads(),
+            headdim: c.headdim,
+            ngroups: c.ngroups,
+            d_state: c.d_state,
+            d_conv: c.d_conv,
+            d_per_channel: c.d_has_hdim,
+            dt_lo: lo,
+            dt_hi: hi,
+            gate_first: !c.norm_before_gate,
+            eps: c.norm_eps,
+        }
+    }
+
+    /// The core (convolution to gated norm) from tensor operations: the reference for the CPU
+    /// kernel and the path of every other backend.
+    fn core_generic(
+        &self,
+        zxbcdt: Tensor<B, 3>,
+        conv_tail: Tensor<B, 3>,
+        ssm_state: Option<Tensor<B, 4>>,
+    ) -> Result<(Tensor<B, 3>, Tensor<B, 4>), ModelError> {
+        let c = &self.config;
+        let [batch, len, _] = zxbcdt.dims();
+        let (h, p, g, n, di, cd, k) = (c.nheads(), c.headdim, c.ngroups, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
         let z = zxbcdt.clone().narrow(2, 0, di);
         let xbc = zxbcdt.clone().narrow(2, di, cd);
         let dt_raw = zxbcdt.narrow(2, di + cd, h);
-
-        let (conv_tail, ssm_state) = match state {
-            Some(s) => (s.conv, Some(s.ssm)),
-            None => (Tensor::zeros([batch, k - 1, cd], &xbc.device()), None),
-        };
         let xbc_conv = silu(causal_conv1d(
-            xbc.clone(),
+            xbc,
             self.conv1d.weight.val().reshape([cd, k]),
             self.conv1d.bias.as_ref().map(Param::val),
-            Some(conv_tail.clone()),
+            Some(conv_tail),
         )?);
-        // The next call's left context: the last k - 1 pre-convolution rows, reaching back into
-        // the old tail when this call was shorter than that.
-        let new_tail = Tensor::cat(vec![conv_tail, xbc], 1).narrow(1, len, k - 1);
-
         let x = xbc_conv.clone().narrow(2, 0, di).reshape([batch, len, h, p]);
         let b = xbc_conv.clone().narrow(2, di, g * n).reshape([batch, len, g, n]);
         let cm = xbc_conv.narrow(2, di + g * n, g * n).reshape([batch, len, g, n]);
@@ -203,7 +258,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         let out = ssd_chunked(input, c.chunk_size)?;
         let y = out.y.reshape([batch, len, di]);
         let y = self.norm.forward_gated(y, z, self.gate_order(), g, c.norm_eps);
-        Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: out.final_state }))
+        Ok((y, out.final_state))
     }
 
     /// One step of the recurrence: the output for one new input row and the state after it.

@@ -1,0 +1,242 @@
+//! Routes the mixer's core to the CPU kernel ([`crate::kernel`]) on the CPU backends, with a
+//! hand-written backward registered in Burn's autodiff graph.
+//!
+//! The model stays generic over `B: Backend`; the choice is made at run time from the concrete
+//! backend type (`Flex`, `NdArray<f32>`, `NdArray<f64>` and their `Autodiff` wrappers). Every
+//! other backend (CUDA, Wgpu, ...) and every call inside [`with_generic_path`] runs the generic
+//! tensor-op path, which stays the reference: `tests/fast_path.rs` checks that both agree on
+//! outputs and on every gradient.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::sync::Arc;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::{CheckpointStrategy, NoCheckpointing};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::prelude::*;
+use burn::tensor::{Element, TensorData, TensorPrimitive};
+
+use crate::kernel::{self, Dims, Inputs, Params, HostFloat};
+
+thread_local! {
+    static GENERIC_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the CPU kernel switched off on this thread, so that every mixer takes the
+/// generic tensor-op path. For checking one path against the other, and for benchmarks.
+pub fn with_generic_path<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GENERIC_ONLY.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GENERIC_ONLY.with(|g| g.replace(true)));
+    f()
+}
+
+/// The core's inputs as tensors; the optional ones are absent rather than zero-filled.
+pub(crate) struct CoreArgs<B: Backend> {
+    pub dims: Dims,
+    /// `[batch, L, width]`.
+    pub zx: Tensor<B, 3>,
+    /// `[batch, d_conv - 1, conv_dim]`.
+    pub tail: Option<Tensor<B, 3>>,
+    /// `[batch, nheads, headdim, d_state]`.
+    pub h0: Option<Tensor<B, 4>>,
+    /// `[conv_dim, d_conv]`.
+    pub conv_w: Tensor<B, 2>,
+    pub conv_b: Option<Tensor<B, 1>>,
+    pub dt_bias: Tensor<B, 1>,
+    pub a_log: Tensor<B, 1>,
+    pub d: Tensor<B, 1>,
+    pub norm_w: Tensor<B, 1>,
+}
+
+/// The core on the CPU kernel when the backend has it: the packed output
+/// `[batch, L * d_inner + nheads * headdim * d_state]` (normed `y`, then the final scan state).
+/// Gives the arguments back when the generic path must run.
+pub(crate) fn try_core<B: Backend>(args: CoreArgs<B>) -> Result<Tensor<B, 2>, CoreArgs<B>> {
+    if GENERIC_ONLY.with(Cell::get) {
+        return Err(args);
+    }
+    let boxed: Box<dyn Any> = Box::new(args);
+    macro_rules! route {
+        ($boxed:ident, $backend:ty, $run:expr) => {
+            let $boxed = match $boxed.downcast::<CoreArgs<$backend>>() {
+                Ok(args) => {
+                    let out: Tensor<$backend, 2> = $run(*args);
+                    let out: Box<dyn Any> = Box::new(out);
+                    return Ok(*out.downcast::<Tensor<B, 2>>().expect("same type as the arguments"));
+                }
+                Err(other) => other,
+            };
+        };
+    }
+    route!(boxed, Autodiff<Flex>, tracked::<Flex, NoCheckpointing, f32>);
+    route!(boxed, Autodiff<NdArray<f64>>, tracked::<NdArray<f64>, NoCheckpointing, f64>);
+    route!(boxed, Autodiff<NdArray<f32>>, tracked::<NdArray<f32>, NoCheckpointing, f32>);
+    route!(boxed, Flex, plain::<Flex, f32>);
+    route!(boxed, NdArray<f64>, plain::<NdArray<f64>, f64>);
+    route!(boxed, NdArray<f32>, plain::<NdArray<f32>, f32>);
+    Err(*boxed.downcast::<CoreArgs<B>>().expect("the arguments' own type"))
+}
+
+/// A float primitive's values on the host.
+fn host<B: Backend, T: Element>(t: B::FloatTensorPrimitive) -> Vec<T> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<T>()
+        .into_vec::<T>()
+        .expect("converted to the kernel's element type")
+}
+
+fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: &B::Device) -> B::FloatTensorPrimitive {
+    B::float_from_data(TensorData::new(values, shape).convert_dtype(B::FloatElem::dtype()), device)
+}
+
+/// The host copies of every input, in the order of the autodiff node's parents.
+#[derive(Debug)]
+struct HostArgs<T> {
+    dims: Dims,
+    zx: Vec<T>,
+    tail: Option<Vec<T>>,
+    h0: Option<Vec<T>>,
+    conv_w: Vec<T>,
+    conv_b: Option<Vec<T>>,
+    dt_bias: Vec<T>,
+    a_log: Vec<T>,
+    d: Vec<T>,
+    norm_w: Vec<T>,
+}
+
+impl<T: HostFloat> HostArgs<T> {
+    fn inputs(&self) -> Inputs<'_, T> {
+        Inputs { zx: &self.zx, tail: self.tail.as_deref(), h0: self.h0.as_deref() }
+    }
+    fn params(&self) -> Params<'_, T> {
+        Params {
+            conv_w: &self.conv_w,
+            conv_b: self.conv_b.as_deref(),
+            dt_bias: &self.dt_bias,
+            a_log: &self.a_log,
+            d: &self.d,
+            norm_w: &self.norm_w,
+        }
+    }
+}
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
+    t.into_primitive().tensor()
+}
+
+/// The forward on a backend without autodiff.
+fn plain<B: Backend, T: HostFloat>(args: CoreArgs<B>) -> Tensor<B, 2> {
+    let device = args.zx.device();
+    let dims = args.dims;
+    let host_args = HostArgs::<T> {
+        dims,
+        zx: host::<B, T>(prim(args.zx)),
+        tail: args.tail.map(|t| host::<B, T>(prim(t))),
+        h0: args.h0.map(|t| host::<B, T>(prim(t))),
+        conv_w: host::<B, T>(prim(args.conv_w)),
+        conv_b: args.conv_b.map(|t| host::<B, T>(prim(t))),
+        dt_bias: host::<B, T>(prim(args.dt_bias)),
+        a_log: host::<B, T>(prim(args.a_log)),
+        d: host::<B, T>(prim(args.d)),
+        norm_w: host::<B, T>(prim(args.norm_w)),
+    };
+    let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params());
+    Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &device)))
+}
+
+/// The backward node: holds the host inputs and what the forward saved.
+#[derive(Debug)]
+struct CoreBackward<T>(std::marker::PhantomData<T>);
+
+#[derive(Debug, Clone)]
+struct CoreState<T: HostFloat, D: Clone + Send + std::fmt::Debug + 'static> {
+    args: Arc<HostArgs<T>>,
+    saved: Arc<kernel::Saved<T>>,
+    device: D,
+}
+
+const PARENTS: usize = 9;
+
+impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for CoreBackward<T> {
+    type State = CoreState<T, B::Device>;
+
+    fn backward(self, ops: Ops<Self::State, PARENTS>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let CoreState { args, saved, device } = ops.state;
+        let gout = host::<B, T>(grads.consume::<B>(&ops.node));
+        let g = kernel::backward(&args.dims, &args.inputs(), &args.params(), &saved, &gout);
+        let dims = args.dims;
+        let (b, l, k, cd) = (dims.batch, dims.len, dims.d_conv, dims.conv_dim());
+        let (h, p, n) = (dims.nheads, dims.headdim, dims.d_state);
+        let shaped: [(Vec<T>, Vec<usize>); PARENTS] = [
+            (g.zx, vec![b, l, dims.width()]),
+            (g.tail, vec![b, k - 1, cd]),
+            (g.h0, vec![b, h, p, n]),
+            (g.conv_w, vec![cd, k]),
+            (g.conv_b, vec![cd]),
+            (g.dt_bias, vec![h]),
+            (g.a_log, vec![h]),
+            (g.d, vec![args.d.len()]),
+            (g.norm_w, vec![dims.d_inner()]),
+        ];
+        for (parent, (values, shape)) in ops.parents.iter().zip(shaped) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, to_device::<B, T>(values, shape, &device));
+            }
+        }
+    }
+}
+
+/// The forward on `Autodiff<B>`, registering [`CoreBackward`] when any input is tracked.
+fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(args: CoreArgs<Autodiff<B, C>>) -> Tensor<Autodiff<B, C>, 2> {
+    let device = args.zx.device();
+    let dims = args.dims;
+    // Absent inputs become an untracked placeholder, so that the node always has nine parents.
+    let present = [true, args.tail.is_some(), args.h0.is_some(), true, args.conv_b.is_some(), true, true, true, true];
+    let placeholder = || Tensor::<Autodiff<B, C>, 1>::zeros([1], &device).into_primitive().tensor();
+    let parts = [
+        prim(args.zx),
+        args.tail.map(prim).unwrap_or_else(placeholder),
+        args.h0.map(prim).unwrap_or_else(placeholder),
+        prim(args.conv_w),
+        args.conv_b.map(prim).unwrap_or_else(placeholder),
+        prim(args.dt_bias),
+        prim(args.a_log),
+        prim(args.d),
+        prim(args.norm_w),
+    ];
+    let nodes = std::array::from_fn(|i| parts[i].node.clone());
+    let inner_device: B::Device = device.clone();
+    let mut values: Vec<Option<Vec<T>>> =
+        parts.iter().zip(present).map(|(t, ok)| ok.then(|| host::<B, T>(t.primitive.clone()))).collect();
+    let mut take = |i: usize| values[i].take();
+    let host_args = HostArgs::<T> {
+        dims,
+        zx: take(0).expect("present"),
+        tail: take(1),
+        h0: take(2),
+        conv_w: take(3).expect("present"),
+        conv_b: take(4),
+        dt_bias: take(5).expect("present"),
+        a_log: take(6).expect("present"),
+        d: take(7).expect("present"),
+        norm_w: take(8).expect("present"),
+    };
+    let (out, saved) = kernel::forward(&dims, &host_args.inputs(), &host_args.params());
+    let out = to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device);
+    let out = match CoreBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            prep.finish(CoreState { args: Arc::new(host_args), saved: Arc::new(saved), device: inner_device }, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

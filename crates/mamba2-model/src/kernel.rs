@@ -1,0 +1,632 @@
+//! The mixer's core as one hand-written CPU kernel, forward and backward.
+//!
+//! "Core" is everything between `in_proj` and `out_proj`: the causal depthwise convolution with
+//! its SiLU, `dt = clamp(softplus(dt_raw + dt_bias))`, the selective scan with the `D` skip, and
+//! the gated group-wise RMS norm. The generic path builds this from ~40 tensor operations, each a
+//! pass over memory and an autodiff node; here it is a handful of passes over plain slices, and
+//! the scan is the sequential recurrence, whose state (`headdim x d_state` per head) stays in
+//! cache. The backward recomputes the states inside segments of [`SEG`] steps from states saved
+//! at the segment starts, so memory grows with `L / SEG`, not `L`.
+//!
+//! The functions work on row-major slices in `f32` or `f64` and know nothing about Burn;
+//! `fast.rs` moves tensors in and out and registers the backward with Burn's autodiff.
+//! `tests/fast_path.rs` checks both directions against the generic path.
+
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Steps between saved scan states in the forward pass.
+pub(crate) const SEG: usize = 64;
+/// Rows per parallel task in the row-wise passes (convolution, norm).
+const ROWS_PER_TASK: usize = 64;
+
+/// The float types the CPU paths run in: `f32` and `f64`.
+pub trait HostFloat: Float + Send + Sync + std::iter::Sum + std::fmt::Debug + burn::tensor::Element + 'static {}
+impl HostFloat for f32 {}
+impl HostFloat for f64 {}
+
+// The loops below are where a step spends its time. Each has a plain body and, on x86-64, copies
+// compiled for AVX2 and AVX-512, chosen once per call by run-time detection: the default target
+// only guarantees SSE2, which would leave three quarters of each vector unit idle.
+
+macro_rules! multiversion {
+    ($(#[$doc:meta])* fn $name:ident<$t:ident>($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        fn $name<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has just been found to support the enabled features.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: as above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// Sizes and settings of one call; the names are the config's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub batch: usize,
+    pub len: usize,
+    pub nheads: usize,
+    pub headdim: usize,
+    pub ngroups: usize,
+    pub d_state: usize,
+    pub d_conv: usize,
+    /// `D` per channel (`[d_inner]`) rather than per head.
+    pub d_per_channel: bool,
+    pub dt_lo: f64,
+    pub dt_hi: f64,
+    /// Gate before the norm (`norm_before_gate = false`, the default) or after it.
+    pub gate_first: bool,
+    pub eps: f64,
+}
+
+impl Dims {
+    pub fn d_inner(&self) -> usize {
+        self.nheads * self.headdim
+    }
+    pub fn conv_dim(&self) -> usize {
+        self.d_inner() + 2 * self.ngroups * self.d_state
+    }
+    /// Width of an `in_proj` output row: `z | xBC | dt`.
+    pub fn width(&self) -> usize {
+        self.d_inner() + self.conv_dim() + self.nheads
+    }
+    pub fn state_len(&self) -> usize {
+        self.nheads * self.headdim * self.d_state
+    }
+    /// Width of a packed output row: `y` for every step, then the final state.
+    pub fn out_width(&self) -> usize {
+        self.len * self.d_inner() + self.state_len()
+    }
+    fn rows(&self) -> usize {
+        self.batch * self.len
+    }
+    fn segments(&self) -> usize {
+        self.len.div_ceil(SEG).max(1)
+    }
+}
+
+/// The learned parameters the core reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params<'a, T> {
+    /// `[conv_dim, d_conv]`.
+    pub conv_w: &'a [T],
+    pub conv_b: Option<&'a [T]>,
+    pub dt_bias: &'a [T],
+    pub a_log: &'a [T],
+    /// `[nheads]` or `[d_inner]`.
+    pub d: &'a [T],
+    /// `[d_inner]`.
+    pub norm_w: &'a [T],
+}
+
+/// The inputs that vary per call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inputs<'a, T> {
+    /// `[batch, L, width]`, the `in_proj` output.
+    pub zx: &'a [T],
+    /// `[batch, d_conv - 1, conv_dim]`, the convolution's left context; zeros when `None`.
+    pub tail: Option<&'a [T]>,
+    /// `[batch, nheads, headdim, d_state]`; zeros when `None`.
+    pub h0: Option<&'a [T]>,
+}
+
+/// What the forward keeps for the backward.
+#[derive(Debug)]
+pub(crate) struct Saved<T> {
+    /// Convolution output before the SiLU, `[rows, conv_dim]`.
+    xc: Vec<T>,
+    /// After the SiLU: `x | B | C`, `[rows, conv_dim]`.
+    xa: Vec<T>,
+    /// `[rows, nheads]`.
+    dt: Vec<T>,
+    /// The scan output with the skip, before the norm, `[rows, d_inner]`.
+    y: Vec<T>,
+    /// `1 / rms` per row and norm group, `[rows, ngroups]`.
+    rstd: Vec<T>,
+    /// Scan states at the start of each segment, `[batch, nheads, segments, headdim * d_state]`.
+    seg_states: Vec<T>,
+}
+
+/// Gradients of every input of the core.
+#[derive(Debug)]
+pub(crate) struct Grads<T> {
+    pub zx: Vec<T>,
+    pub tail: Vec<T>,
+    pub h0: Vec<T>,
+    pub conv_w: Vec<T>,
+    pub conv_b: Vec<T>,
+    pub dt_bias: Vec<T>,
+    pub a_log: Vec<T>,
+    pub d: Vec<T>,
+    pub norm_w: Vec<T>,
+}
+
+fn c<T: HostFloat>(v: f64) -> T {
+    T::from(v).expect("finite constant")
+}
+
+fn sigmoid<T: HostFloat>(v: T) -> T {
+    T::one() / (T::one() + (-v).exp())
+}
+
+/// `softplus` with the generic path's threshold: the identity above 20.
+fn softplus<T: HostFloat>(v: T) -> T {
+    if v > c(20.0) {
+        v
+    } else {
+        v.exp().ln_1p()
+    }
+}
+
+/// The left-context row `s` (negative: from the tail) of channel block `xbc` for batch `b`.
+fn ext_row<'a, T: HostFloat>(dims: &Dims, inp: &Inputs<'a, T>, zeros: &'a [T], b: usize, s: isize) -> &'a [T] {
+    let (cd, w, di, k) = (dims.conv_dim(), dims.width(), dims.d_inner(), dims.d_conv);
+    if s >= 0 {
+        let r = b * dims.len + s as usize;
+        &inp.zx[r * w + di..r * w + di + cd]
+    } else {
+        match inp.tail {
+            Some(tail) => {
+                let r = b * (k - 1) + (k as isize - 1 + s) as usize;
+                &tail[r * cd..(r + 1) * cd]
+            }
+            None => zeros,
+        }
+    }
+}
+
+/// `wt[k][c] = w[c][k]`, so that the convolution's inner loop runs over contiguous channels.
+fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
+    let (cd, k) = (dims.conv_dim(), dims.d_conv);
+    let mut wt = vec![T::zero(); cd * k];
+    for ch in 0..cd {
+        for j in 0..k {
+            wt[j * cd + ch] = w[ch * k + j];
+        }
+    }
+    wt
+}
+
+/// The forward pass: the packed output `[batch, L * d_inner + state_len]` and what the backward
+/// needs.
+pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>) -> (Vec<T>, Saved<T>) {
+    let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+    let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
+    let zeros = vec![T::zero(); cd];
+    let wt = transpose_conv(dims, prm.conv_w);
+    let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
+
+    // Convolution + SiLU and dt, row by row.
+    let mut xc = vec![T::zero(); rows * cd];
+    let mut xa = vec![T::zero(); rows * cd];
+    let mut dt = vec![T::zero(); rows * h];
+    xc.par_chunks_mut(ROWS_PER_TASK * cd)
+        .zip(xa.par_chunks_mut(ROWS_PER_TASK * cd))
+        .zip(dt.par_chunks_mut(ROWS_PER_TASK * h))
+        .enumerate()
+        .for_each(|(task, ((xc, xa), dt))| {
+            for (i, ((xc, xa), dt)) in xc.chunks_mut(cd).zip(xa.chunks_mut(cd)).zip(dt.chunks_mut(h)).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let (b, t) = (r / l, r % l);
+                match prm.conv_b {
+                    Some(bias) => xc.copy_from_slice(bias),
+                    None => xc.fill(T::zero()),
+                }
+                for j in 0..k {
+                    let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
+                    for ((o, &x), &wv) in xc.iter_mut().zip(src).zip(&wt[j * cd..(j + 1) * cd]) {
+                        *o = *o + wv * x;
+                    }
+                }
+                for (o, &v) in xa.iter_mut().zip(xc.iter()) {
+                    *o = v * sigmoid(v);
+                }
+                let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
+                for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
+                    *o = clamp_dt(dims, softplus(v + bias));
+                }
+            }
+        });
+
+    // The scan, one (batch, head) pair per task.
+    let nseg = dims.segments();
+    let per_head: Vec<(Vec<T>, Vec<T>)> = (0..dims.batch * h)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, hh) = (bh / h, bh % h);
+            let gi = hh / (h / g);
+            let mut state = match inp.h0 {
+                Some(h0) => h0[bh * p * n..(bh + 1) * p * n].to_vec(),
+                None => vec![T::zero(); p * n],
+            };
+            let mut y = vec![T::zero(); l * p];
+            let mut segs = vec![T::zero(); nseg * p * n];
+            for t in 0..l {
+                if t % SEG == 0 {
+                    segs[(t / SEG) * p * n..(t / SEG + 1) * p * n].copy_from_slice(&state);
+                }
+                let r = b * l + t;
+                let row = &xa[r * cd..(r + 1) * cd];
+                let x = &row[hh * p..(hh + 1) * p];
+                let bv = &row[di + gi * n..di + (gi + 1) * n];
+                let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
+                let dtv = dt[r * h + hh];
+                let decay = (dtv * a[hh]).exp();
+                for (pi, hs) in state.chunks_mut(n).enumerate() {
+                    let xdt = x[pi] * dtv;
+                    let mut acc = T::zero();
+                    for ((s, &bn), &cn) in hs.iter_mut().zip(bv).zip(cv) {
+                        *s = decay * *s + xdt * bn;
+                        acc = acc + *s * cn;
+                    }
+                    let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
+                    y[t * p + pi] = acc + skip * x[pi];
+                }
+            }
+            segs.extend_from_slice(&state);
+            (y, segs)
+        })
+        .collect();
+
+    let mut y = vec![T::zero(); rows * di];
+    let mut seg_states = Vec::with_capacity(dims.batch * h * nseg * p * n);
+    let mut out = vec![T::zero(); dims.batch * dims.out_width()];
+    for (bh, (yh, segs)) in per_head.into_iter().enumerate() {
+        let (b, hh) = (bh / h, bh % h);
+        for t in 0..l {
+            y[(b * l + t) * di + hh * p..(b * l + t) * di + (hh + 1) * p].copy_from_slice(&yh[t * p..(t + 1) * p]);
+        }
+        seg_states.extend_from_slice(&segs[..nseg * p * n]);
+        let fin = b * dims.out_width() + l * di + hh * p * n;
+        out[fin..fin + p * n].copy_from_slice(&segs[nseg * p * n..]);
+    }
+
+    // The gated norm, row by row, written into the packed output.
+    let gw = di / g;
+    let mut rstd = vec![T::zero(); rows * g];
+    let mut normed = vec![T::zero(); rows * di];
+    normed
+        .par_chunks_mut(ROWS_PER_TASK * di)
+        .zip(rstd.par_chunks_mut(ROWS_PER_TASK * g))
+        .enumerate()
+        .for_each(|(task, (normed, rstd))| {
+            for (i, (o, rs)) in normed.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let z = &inp.zx[r * w..r * w + di];
+                let yr = &y[r * di..(r + 1) * di];
+                for gi in 0..g {
+                    let span = gi * gw..(gi + 1) * gw;
+                    let mut ss = T::zero();
+                    for ch in span.clone() {
+                        let v = if dims.gate_first { yr[ch] * z[ch] * sigmoid(z[ch]) } else { yr[ch] };
+                        o[ch] = v;
+                        ss = ss + v * v;
+                    }
+                    let inv = T::one() / (ss / c(gw as f64) + c(dims.eps)).sqrt();
+                    rs[gi] = inv;
+                    for ch in span {
+                        let gate = if dims.gate_first { T::one() } else { z[ch] * sigmoid(z[ch]) };
+                        o[ch] = o[ch] * inv * prm.norm_w[ch] * gate;
+                    }
+                }
+            }
+        });
+    for b in 0..dims.batch {
+        out[b * dims.out_width()..b * dims.out_width() + l * di].copy_from_slice(&normed[b * l * di..(b + 1) * l * di]);
+    }
+    (out, Saved { xc, xa, dt, y, rstd, seg_states })
+}
+
+fn clamp_dt<T: HostFloat>(dims: &Dims, v: T) -> T {
+    let v = if dims.dt_lo > 0.0 { v.max(c(dims.dt_lo)) } else { v };
+    if dims.dt_hi.is_finite() {
+        v.min(c(dims.dt_hi))
+    } else {
+        v
+    }
+}
+
+/// The backward pass: gradients of every input, given the gradient of the packed output.
+pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T]) -> Grads<T> {
+    let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+    let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
+    let ow = dims.out_width();
+    let gw = di / g;
+    let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
+    let mut gzx = vec![T::zero(); rows * w];
+
+    // Norm: gradient of y (into gy) and of z (into gzx), and partial sums for the norm weight.
+    let mut gy = vec![T::zero(); rows * di];
+    let norm_partials: Vec<Vec<T>> = gy
+        .par_chunks_mut(ROWS_PER_TASK * di)
+        .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
+        .enumerate()
+        .map(|(task, (gy, gzx))| {
+            let mut gnw = vec![T::zero(); di];
+            for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let (b, t) = (r / l, r % l);
+                let go = &gout[b * ow + t * di..b * ow + (t + 1) * di];
+                let z = &inp.zx[r * w..r * w + di];
+                let yr = &saved.y[r * di..(r + 1) * di];
+                for gi in 0..g {
+                    let span = gi * gw..(gi + 1) * gw;
+                    let inv = saved.rstd[r * g + gi];
+                    // v is what the norm normalises; gv_in is the gradient reaching its output.
+                    let mut dot = T::zero();
+                    for ch in span.clone() {
+                        let sz = z[ch] * sigmoid(z[ch]);
+                        let (v, g_in) = if dims.gate_first { (yr[ch] * sz, go[ch]) } else { (yr[ch], go[ch] * sz) };
+                        gnw[ch] = gnw[ch] + g_in * v * inv;
+                        dot = dot + g_in * prm.norm_w[ch] * v;
+                    }
+                    let coef = inv * inv * inv * dot / c(gw as f64);
+                    for ch in span {
+                        let s = sigmoid(z[ch]);
+                        let sz = z[ch] * s;
+                        let dsilu = s * (T::one() + z[ch] * (T::one() - s));
+                        let v = if dims.gate_first { yr[ch] * sz } else { yr[ch] };
+                        let g_in = if dims.gate_first { go[ch] } else { go[ch] * sz };
+                        let gv = inv * prm.norm_w[ch] * g_in - coef * v;
+                        if dims.gate_first {
+                            gyr[ch] = gv * sz;
+                            gzr[ch] = gv * yr[ch] * dsilu;
+                        } else {
+                            gyr[ch] = gv;
+                            gzr[ch] = go[ch] * v * inv * prm.norm_w[ch] * dsilu;
+                        }
+                    }
+                }
+            }
+            gnw
+        })
+        .collect();
+    let norm_w = sum_partials(norm_partials, di);
+
+    // The scan in reverse, one (batch, head) pair per task. Each task returns the gradients of
+    // its x (into gxa's x block), dt, its share of B and C, its h0, and partial sums for A and D.
+    let nseg = dims.segments();
+    struct HeadGrads<T> {
+        gx: Vec<T>,
+        gdt: Vec<T>,
+        gb: Vec<T>,
+        gc: Vec<T>,
+        gh0: Vec<T>,
+        ga: T,
+        gd: Vec<T>,
+    }
+    let per_head: Vec<HeadGrads<T>> = (0..dims.batch * h)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, hh) = (bh / h, bh % h);
+            let gi = hh / (h / g);
+            let fin = b * ow + l * di + hh * p * n;
+            let mut gh = gout[fin..fin + p * n].to_vec();
+            let mut out = HeadGrads {
+                gx: vec![T::zero(); l * p],
+                gdt: vec![T::zero(); l],
+                gb: vec![T::zero(); l * n],
+                gc: vec![T::zero(); l * n],
+                gh0: Vec::new(),
+                ga: T::zero(),
+                gd: vec![T::zero(); p],
+            };
+            let mut states = vec![T::zero(); (SEG + 1) * p * n];
+            let mut sb = vec![T::zero(); p];
+            for s in (0..nseg).rev() {
+                let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
+                // Recompute the states of this segment: states[i] is the state before step t0 + i.
+                let start = (bh * nseg + s) * p * n;
+                states[..p * n].copy_from_slice(&saved.seg_states[start..start + p * n]);
+                for t in t0..t1 {
+                    let r = b * l + t;
+                    let row = &saved.xa[r * cd..(r + 1) * cd];
+                    let x = &row[hh * p..(hh + 1) * p];
+                    let bv = &row[di + gi * n..di + (gi + 1) * n];
+                    let dtv = saved.dt[r * h + hh];
+                    let decay = (dtv * a[hh]).exp();
+                    let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
+                    let prev = &prev[(t - t0) * p * n..];
+                    for pi in 0..p {
+                        let xdt = x[pi] * dtv;
+                        for ni in 0..n {
+                            next[pi * n + ni] = decay * prev[pi * n + ni] + xdt * bv[ni];
+                        }
+                    }
+                }
+                for t in (t0..t1).rev() {
+                    let r = b * l + t;
+                    let row = &saved.xa[r * cd..(r + 1) * cd];
+                    let x = &row[hh * p..(hh + 1) * p];
+                    let bv = &row[di + gi * n..di + (gi + 1) * n];
+                    let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
+                    let dtv = saved.dt[r * h + hh];
+                    let decay = (dtv * a[hh]).exp();
+                    let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
+                    let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
+                    let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
+                    let gc = &mut out.gc[t * n..(t + 1) * n];
+                    let mut g_decay = T::zero();
+                    for pi in 0..p {
+                        let gyp = gyv[pi];
+                        let ghp = &mut gh[pi * n..(pi + 1) * n];
+                        let hp = &ht[pi * n..(pi + 1) * n];
+                        let hq = &hprev[pi * n..(pi + 1) * n];
+                        let mut acc_b = T::zero();
+                        let mut acc_a = T::zero();
+                        for ni in 0..n {
+                            gc[ni] = gc[ni] + gyp * hp[ni];
+                            let gv = ghp[ni] + gyp * cv[ni];
+                            ghp[ni] = gv;
+                            acc_b = acc_b + gv * bv[ni];
+                            acc_a = acc_a + gv * hq[ni];
+                        }
+                        sb[pi] = acc_b;
+                        g_decay = g_decay + acc_a;
+                        let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
+                        out.gx[t * p + pi] = skip * gyp + dtv * acc_b;
+                        let di_idx = if dims.d_per_channel { pi } else { 0 };
+                        out.gd[di_idx] = out.gd[di_idx] + gyp * x[pi];
+                    }
+                    let gb = &mut out.gb[t * n..(t + 1) * n];
+                    let mut gdt = T::zero();
+                    for pi in 0..p {
+                        let xdt = x[pi] * dtv;
+                        gdt = gdt + x[pi] * sb[pi];
+                        let ghp = &mut gh[pi * n..(pi + 1) * n];
+                        for ni in 0..n {
+                            gb[ni] = gb[ni] + xdt * ghp[ni];
+                            ghp[ni] = ghp[ni] * decay;
+                        }
+                    }
+                    // d decay / d dt = A decay; d decay / d A = dt decay.
+                    out.gdt[t] = gdt + g_decay * decay * a[hh];
+                    out.ga = out.ga + g_decay * decay * dtv;
+                }
+            }
+            out.gh0 = gh;
+            out
+        })
+        .collect();
+
+    // Scatter the per-head gradients: x, B, C into gxa; dt through softplus and clamp into gzx.
+    let mut gxa = vec![T::zero(); rows * cd];
+    let mut h0 = vec![T::zero(); dims.batch * h * p * n];
+    let mut a_log = vec![T::zero(); h];
+    let mut d = vec![T::zero(); prm.d.len()];
+    let mut dt_bias = vec![T::zero(); h];
+    for (bh, hg) in per_head.into_iter().enumerate() {
+        let (b, hh) = (bh / h, bh % h);
+        let gi = hh / (h / g);
+        for t in 0..l {
+            let r = b * l + t;
+            let row = &mut gxa[r * cd..(r + 1) * cd];
+            row[hh * p..(hh + 1) * p].copy_from_slice(&hg.gx[t * p..(t + 1) * p]);
+            for ni in 0..n {
+                row[di + gi * n + ni] = row[di + gi * n + ni] + hg.gb[t * n + ni];
+                row[di + g * n + gi * n + ni] = row[di + g * n + gi * n + ni] + hg.gc[t * n + ni];
+            }
+            let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
+            let sp = softplus(v);
+            let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
+            let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
+            let graw = if passes { hg.gdt[t] * dsp } else { T::zero() };
+            gzx[r * w + di + cd + hh] = graw;
+            dt_bias[hh] = dt_bias[hh] + graw;
+        }
+        h0[bh * p * n..(bh + 1) * p * n].copy_from_slice(&hg.gh0);
+        // d A / d A_log = A.
+        a_log[hh] = a_log[hh] + hg.ga * a[hh];
+        if dims.d_per_channel {
+            for pi in 0..p {
+                d[hh * p + pi] = d[hh * p + pi] + hg.gd[pi];
+            }
+        } else {
+            d[hh] = d[hh] + hg.gd[0];
+        }
+    }
+
+    // SiLU, then the convolution: gradient of the pre-convolution rows (gathered, so that each
+    // task writes only its own rows), of the tail, and partial sums for the weight and bias.
+    let mut gxc = gxa;
+    gxc.par_chunks_mut(ROWS_PER_TASK * cd).enumerate().for_each(|(task, rows_)| {
+        for (i, v) in rows_.iter_mut().enumerate() {
+            let x = saved.xc[task * ROWS_PER_TASK * cd + i];
+            let s = sigmoid(x);
+            *v = *v * s * (T::one() + x * (T::one() - s));
+        }
+    });
+    let wt = transpose_conv(dims, prm.conv_w);
+    let zeros = vec![T::zero(); cd];
+    let conv_partials: Vec<(Vec<T>, Vec<T>)> = gzx
+        .par_chunks_mut(ROWS_PER_TASK * w)
+        .enumerate()
+        .map(|(task, gzx)| {
+            let mut gw_t = vec![T::zero(); k * cd];
+            let mut gb = vec![T::zero(); cd];
+            for (i, gzr) in gzx.chunks_mut(w).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let (b, t) = (r / l, r % l);
+                let gxr = &gxc[r * cd..(r + 1) * cd];
+                for (o, &v) in gb.iter_mut().zip(gxr) {
+                    *o = *o + v;
+                }
+                for j in 0..k {
+                    let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
+                    for ((o, &x), &gv) in gw_t[j * cd..(j + 1) * cd].iter_mut().zip(src).zip(gxr) {
+                        *o = *o + gv * x;
+                    }
+                    // Input row t feeds output row t + (k - 1 - j) through tap j.
+                    let to = t + (k - 1 - j);
+                    if to < l {
+                        let gxo = &gxc[(b * l + to) * cd..(b * l + to + 1) * cd];
+                        for ((o, &gv), &wv) in gzr[di..di + cd].iter_mut().zip(gxo).zip(&wt[j * cd..(j + 1) * cd]) {
+                            *o = *o + wv * gv;
+                        }
+                    }
+                }
+            }
+            (gw_t, gb)
+        })
+        .collect();
+    let mut gwt = vec![T::zero(); k * cd];
+    let mut conv_b = vec![T::zero(); cd];
+    for (gw_t, gb) in conv_partials {
+        for (o, v) in gwt.iter_mut().zip(gw_t) {
+            *o = *o + v;
+        }
+        for (o, v) in conv_b.iter_mut().zip(gb) {
+            *o = *o + v;
+        }
+    }
+    let mut conv_w = vec![T::zero(); cd * k];
+    for ch in 0..cd {
+        for j in 0..k {
+            conv_w[ch * k + j] = gwt[j * cd + ch];
+        }
+    }
+    // The tail's rows feed the first k - 1 outputs.
+    let mut tail = vec![T::zero(); dims.batch * (k - 1) * cd];
+    for b in 0..dims.batch {
+        for s in 0..k - 1 {
+            let row = &mut tail[(b * (k - 1) + s) * cd..(b * (k - 1) + s + 1) * cd];
+            for t in 0..l.min(s + 1) {
+                // Output t reads position t + j - (k - 1) through tap j; position s - (k - 1)
+                // means j = s - t.
+                let j = s - t;
+                let gxo = &gxc[(b * l + t) * cd..(b * l + t + 1) * cd];
+                for ((o, &gv), &wv) in row.iter_mut().zip(gxo).zip(&wt[j * cd..(j + 1) * cd]) {
+                    *o = *o + wv * gv;
+                }
+            }
+        }
+    }
+
+    Grads { zx: gzx, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w }
+}
+
+fn sum_partials<T: HostFloat>(parts: Vec<Vec<T>>, len: usize) -> Vec<T> {
+    let mut total = vec![T::zero(); len];
+    for part in parts {
+        for (o, v) in total.iter_mut().zip(part) {
+            *o = *o + v;
+        }
+    }
+    total
+}

@@ -83,16 +83,15 @@ def main():
             dt = dtypes[dn]
             if name == "streaming":
                 m = hf_model(c, 256, dt).eval()
-                from transformers.models.mamba2.modeling_mamba2 import Mamba2Cache
                 x0 = torch.randn(1, 8, c["d_model"], dtype=dt)
                 with torch.no_grad():
                     out = m(inputs_embeds=x0, use_cache=True)
-                    cache = out.cache_params
+                    cache = getattr(out, "cache", None) or getattr(out, "cache_params")
                     xt = torch.randn(1, 1, c["d_model"], dtype=dt)
-                    pos = torch.tensor([8])
 
                     def step():
-                        m(inputs_embeds=xt, cache_params=cache, use_cache=True, cache_position=pos)
+                        # One row with a cache: HF's single-step recurrent path (seq_len == 1).
+                        m(inputs_embeds=xt, cache=cache, use_cache=True)
                     s = timeit(step, a.min_time, 50)
                 emit(what="step", config=name, dtype=dn, s_per_iter=s, tokens_per_s=1 / s)
                 continue

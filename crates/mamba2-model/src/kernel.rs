@@ -32,7 +32,8 @@ impl HostFloat for f64 {}
 macro_rules! multiversion {
     ($(#[$doc:meta])* fn $name:ident<$t:ident>($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$doc])*
-        fn $name<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? {
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body<$t: HostFloat>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
@@ -55,6 +56,118 @@ macro_rules! multiversion {
     };
 }
 pub(crate) use multiversion;
+
+/// Vector lanes for the reductions over `d_state`: partial sums kept per lane, so that the loops
+/// vectorise without reassociating a single running sum (which the compiler may not do).
+const LANES: usize = 16;
+
+/// The sum of the lanes, as a tree: four vector additions rather than fifteen dependent scalar
+/// ones.
+#[inline(always)]
+fn reduce<T: HostFloat>(mut acc: [T; LANES]) -> T {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] = acc[l] + acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// `h = decay h + xdt b` in place, returning `h . c`, in [`LANES`] partial sums.
+#[inline(always)]
+fn update_dot<T: HostFloat>(h: &mut [T], b: &[T], c: &[T], decay: T, xdt: T) -> T {
+    let (hv, hr) = h.as_chunks_mut::<LANES>();
+    let (bv, br) = b.as_chunks::<LANES>();
+    let (cv, cr) = c.as_chunks::<LANES>();
+    let mut acc = [T::zero(); LANES];
+    for ((hc, bc), cc) in hv.iter_mut().zip(bv).zip(cv) {
+        for l in 0..LANES {
+            let v = decay * hc[l] + xdt * bc[l];
+            hc[l] = v;
+            acc[l] = acc[l] + v * cc[l];
+        }
+    }
+    let mut total = reduce(acc);
+    for ((hs, &bs), &cs) in hr.iter_mut().zip(br).zip(cr) {
+        *hs = decay * *hs + xdt * bs;
+        total = total + *hs * cs;
+    }
+    total
+}
+
+/// `a . b` in [`LANES`] partial sums.
+#[inline(always)]
+fn dot<T: HostFloat>(a: &[T], b: &[T]) -> T {
+    let (av, ar) = a.as_chunks::<LANES>();
+    let (bv, br) = b.as_chunks::<LANES>();
+    let mut acc = [T::zero(); LANES];
+    for (ac, bc) in av.iter().zip(bv) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + ac[l] * bc[l];
+        }
+    }
+    let mut total = reduce(acc);
+    for (&x, &y) in ar.iter().zip(br) {
+        total = total + x * y;
+    }
+    total
+}
+
+multiversion! {
+    /// One step of one head: `h = decay h + dt x B`, `y[p] = h[p] . C` for every row `p`.
+    fn head_forward<T>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, y: &mut [T]) {
+        let n = b.len();
+        for (pi, hs) in state.chunks_exact_mut(n).enumerate() {
+            y[pi] = update_dot(hs, b, c, decay, x[pi] * dt);
+        }
+    }
+}
+
+multiversion! {
+    /// The state after one step, written into `next`, without the output.
+    fn head_state<T>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
+        let n = b.len();
+        for (pi, (hn, hp)) in next.chunks_exact_mut(n).zip(prev.chunks_exact(n)).enumerate() {
+            let xdt = x[pi] * dt;
+            for ((o, &v), &bv) in hn.iter_mut().zip(hp).zip(b) {
+                *o = decay * v + xdt * bv;
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// One reverse step of one head. On entry `gh` is the gradient reaching `h_t` from later
+    /// steps; on return it is the gradient reaching `h_{t-1}`. Accumulates into `gc` and `gb`,
+    /// writes `sb[p] = (dL/dh_t)[p] . B` and returns `sum (dL/dh_t) * h_{t-1}` (for the decay).
+    fn head_backward<T>(
+        gh: &mut [T], ht: &[T], hprev: &[T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T,
+        gc: &mut [T], gb: &mut [T], sb: &mut [T]
+    ) -> T {
+        let n = b.len();
+        let mut g_decay = T::zero();
+        for pi in 0..sb.len() {
+            let gyp = gy[pi];
+            let ghp = &mut gh[pi * n..(pi + 1) * n];
+            let hp = &ht[pi * n..(pi + 1) * n];
+            let hq = &hprev[pi * n..(pi + 1) * n];
+            for ((o, &hv), (g, &cv)) in gc.iter_mut().zip(hp).zip(ghp.iter_mut().zip(c)) {
+                *o = *o + gyp * hv;
+                *g = *g + gyp * cv;
+            }
+            sb[pi] = dot(ghp, b);
+            g_decay = g_decay + dot(ghp, hq);
+            let xdt = x[pi] * dt;
+            for (o, g) in gb.iter_mut().zip(ghp.iter_mut()) {
+                *o = *o + xdt * *g;
+                *g = *g * decay;
+            }
+        }
+        g_decay
+    }
+}
 
 /// Sizes and settings of one call; the names are the config's.
 #[derive(Debug, Clone, Copy)]
@@ -268,15 +381,11 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
                 let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
                 let dtv = dt[r * h + hh];
                 let decay = (dtv * a[hh]).exp();
-                for (pi, hs) in state.chunks_mut(n).enumerate() {
-                    let xdt = x[pi] * dtv;
-                    let mut acc = T::zero();
-                    for ((s, &bn), &cn) in hs.iter_mut().zip(bv).zip(cv) {
-                        *s = decay * *s + xdt * bn;
-                        acc = acc + *s * cn;
-                    }
+                let yt = &mut y[t * p..(t + 1) * p];
+                head_forward(&mut state, x, bv, cv, decay, dtv, yt);
+                for (pi, yv) in yt.iter_mut().enumerate() {
                     let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
-                    y[t * p + pi] = acc + skip * x[pi];
+                    *yv = *yv + skip * x[pi];
                 }
             }
             segs.extend_from_slice(&state);
@@ -442,13 +551,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
                     let dtv = saved.dt[r * h + hh];
                     let decay = (dtv * a[hh]).exp();
                     let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
-                    let prev = &prev[(t - t0) * p * n..];
-                    for pi in 0..p {
-                        let xdt = x[pi] * dtv;
-                        for ni in 0..n {
-                            next[pi * n + ni] = decay * prev[pi * n + ni] + xdt * bv[ni];
-                        }
-                    }
+                    head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
                 }
                 for t in (t0..t1).rev() {
                     let r = b * l + t;
@@ -461,39 +564,27 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
                     let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
                     let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
                     let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
-                    let gc = &mut out.gc[t * n..(t + 1) * n];
-                    let mut g_decay = T::zero();
-                    for pi in 0..p {
-                        let gyp = gyv[pi];
-                        let ghp = &mut gh[pi * n..(pi + 1) * n];
-                        let hp = &ht[pi * n..(pi + 1) * n];
-                        let hq = &hprev[pi * n..(pi + 1) * n];
-                        let mut acc_b = T::zero();
-                        let mut acc_a = T::zero();
-                        for ni in 0..n {
-                            gc[ni] = gc[ni] + gyp * hp[ni];
-                            let gv = ghp[ni] + gyp * cv[ni];
-                            ghp[ni] = gv;
-                            acc_b = acc_b + gv * bv[ni];
-                            acc_a = acc_a + gv * hq[ni];
-                        }
-                        sb[pi] = acc_b;
-                        g_decay = g_decay + acc_a;
-                        let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
-                        out.gx[t * p + pi] = skip * gyp + dtv * acc_b;
-                        let di_idx = if dims.d_per_channel { pi } else { 0 };
-                        out.gd[di_idx] = out.gd[di_idx] + gyp * x[pi];
-                    }
-                    let gb = &mut out.gb[t * n..(t + 1) * n];
+                    let g_decay = head_backward(
+                        &mut gh,
+                        ht,
+                        hprev,
+                        gyv,
+                        x,
+                        bv,
+                        cv,
+                        decay,
+                        dtv,
+                        &mut out.gc[t * n..(t + 1) * n],
+                        &mut out.gb[t * n..(t + 1) * n],
+                        &mut sb,
+                    );
                     let mut gdt = T::zero();
                     for pi in 0..p {
-                        let xdt = x[pi] * dtv;
+                        let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
+                        out.gx[t * p + pi] = skip * gyv[pi] + dtv * sb[pi];
                         gdt = gdt + x[pi] * sb[pi];
-                        let ghp = &mut gh[pi * n..(pi + 1) * n];
-                        for ni in 0..n {
-                            gb[ni] = gb[ni] + xdt * ghp[ni];
-                            ghp[ni] = ghp[ni] * decay;
-                        }
+                        let di_idx = if dims.d_per_channel { pi } else { 0 };
+                        out.gd[di_idx] = out.gd[di_idx] + gyv[pi] * x[pi];
                     }
                     // d decay / d dt = A decay; d decay / d A = dt decay.
                     out.gdt[t] = gdt + g_decay * decay * a[hh];

@@ -7,7 +7,7 @@
 
 use burn::prelude::*;
 
-use crate::kernel::{multiversion, HostFloat};
+use crate::kernel::{head_forward, multiversion, HostFloat};
 use crate::{Mamba2Config, Mamba2Stack, Mamba2State, MixerState, ModelError};
 
 #[derive(Debug, Clone)]
@@ -225,10 +225,11 @@ impl<T: HostFloat> StreamingStack<T> {
             let x = &st.xa[hh * p..(hh + 1) * p];
             let bv = &st.xa[di + gi * n..di + (gi + 1) * n];
             let cv = &st.xa[di + g * n + gi * n..di + g * n + (gi + 1) * n];
-            for pi in 0..p {
+            let yh = &mut st.y[hh * p..(hh + 1) * p];
+            head_forward(&mut ssm[hh * p * n..(hh + 1) * p * n], x, bv, cv, decay, dt, yh);
+            for (pi, yv) in yh.iter_mut().enumerate() {
                 let skip = if c.d_has_hdim { layer.d[hh * p + pi] } else { layer.d[hh] };
-                let hs = &mut ssm[(hh * p + pi) * n..(hh * p + pi + 1) * n];
-                st.y[hh * p + pi] = decay_write_read(hs, decay, x[pi] * dt, bv, cv) + skip * x[pi];
+                *yv = *yv + skip * x[pi];
             }
         }
 
@@ -271,12 +272,23 @@ fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64, out: &mut [T]) {
 
 
 multiversion! {
-    /// `out = x W (+ b)`, row by row of `W` so that the inner loop runs over contiguous outputs.
+    /// `out = x W`, four rows of `W` at a time so that each pass over `out` does four rows' work.
     fn matvec_rows<T>(x: &[T], w: &[T], out: &mut [T]) {
         let n = out.len();
         out.fill(T::zero());
-        for (i, &xi) in x.iter().enumerate() {
-            for (o, &wv) in out.iter_mut().zip(&w[i * n..(i + 1) * n]) {
+        let (quads, rest) = x.as_chunks::<4>();
+        for (q, xs) in quads.iter().enumerate() {
+            let rows = &w[q * 4 * n..(q * 4 + 4) * n];
+            let (r0, r1) = rows.split_at(n);
+            let (r1, r2) = r1.split_at(n);
+            let (r2, r3) = r2.split_at(n);
+            for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
+                *o = *o + (xs[0] * a + xs[1] * b) + (xs[2] * c + xs[3] * d);
+            }
+        }
+        for (i, &xi) in rest.iter().enumerate() {
+            let row = quads.len() * 4 + i;
+            for (o, &wv) in out.iter_mut().zip(&w[row * n..(row + 1) * n]) {
                 *o = *o + xi * wv;
             }
         }
@@ -299,17 +311,5 @@ multiversion! {
         for ((a, &wv), &xv) in acc.iter_mut().zip(w).zip(x) {
             *a = *a + wv * xv;
         }
-    }
-}
-
-multiversion! {
-    /// One row of the state: `h = decay h + xdt B`, then `h . C`.
-    fn decay_write_read<T>(h: &mut [T], decay: T, xdt: T, b: &[T], c: &[T]) -> T {
-        let mut acc = T::zero();
-        for ((s, &bv), &cv) in h.iter_mut().zip(b).zip(c) {
-            *s = decay * *s + xdt * bv;
-            acc = acc + *s * cv;
-        }
-        acc
     }
 }

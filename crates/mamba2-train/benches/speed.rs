@@ -1,0 +1,147 @@
+//! The performance issue's side-by-side configs, Rust side: a full train step (forward,
+//! backward, AdamW), a forward, and the streaming step, on Flex (f32) and NdArray (f64).
+//!
+//! `cargo bench -p mamba2-train --bench speed` (criterion; ids `speed/<backend>/<what>`), or
+//! `python3 tools/reference/bench_compare.py`, which runs this bench and HF transformers' torch
+//! path on the same configs in one go and prints tokens/s for both and their ratio.
+//!
+//! The model is [`Mamba2Stack`] fed `[batch, L, d_model]` directly, like HF's `Mamba2Model` with
+//! `inputs_embeds`; the loss is `mean(h^2)` of its output.
+
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Distribution;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use mamba2_model::{with_generic_path, HostFloat, Mamba2Config, Mamba2Stack, StreamingStack};
+use mamba2_optim::{AdamW, AdamWConfig};
+
+struct Size {
+    name: &'static str,
+    config: Mamba2Config,
+    batch: usize,
+    len: usize,
+}
+
+fn sizes() -> [Size; 2] {
+    [
+        Size {
+            name: "small",
+            config: Mamba2Config::new(64, 2).with_d_state(16).with_headdim(16).with_chunk_size(64),
+            batch: 8,
+            len: 256,
+        },
+        Size {
+            name: "medium",
+            config: Mamba2Config::new(256, 4).with_d_state(64).with_headdim(32).with_chunk_size(64),
+            batch: 8,
+            len: 512,
+        },
+    ]
+}
+
+fn streaming_config() -> Mamba2Config {
+    Mamba2Config::new(256, 1).with_d_state(64).with_headdim(64)
+}
+
+/// Forward lengths of the per-token sweep (medium width, batch 1).
+const SWEEP: [usize; 6] = [512, 1024, 2048, 4096, 8192, 16384];
+
+fn train_and_forward<B: AutodiffBackend>(c: &mut Criterion, backend: &str, generic_too: bool) {
+    let device = Default::default();
+    let mut group = c.benchmark_group(format!("speed/{backend}"));
+    group.sample_size(10).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    for size in sizes() {
+        B::seed(&device, 0);
+        let model = Mamba2Stack::<B>::init(&size.config, &device).unwrap();
+        let x = Tensor::<B, 3>::random([size.batch, size.len, size.config.d_model], Distribution::Normal(0.0, 1.0), &device);
+        group.throughput(Throughput::Elements((size.batch * size.len) as u64));
+        let mut paths = vec![("kernel", false)];
+        // The generic path only at the small size: at the medium size it takes seconds a step.
+        if generic_too && size.name == "small" {
+            paths.push(("generic", true));
+        }
+        for (path, generic) in paths {
+            let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.1, max_grad_norm: None, ..Default::default() }, &model).unwrap();
+            let mut slot = Some(model.clone());
+            let run = || {
+                let m = slot.take().expect("the model is put back after each step");
+                let (h, _) = m.forward(x.clone(), None).unwrap();
+                let loss = h.powi_scalar(2).mean();
+                let grads = GradientsParams::from_grads(loss.backward(), &m);
+                let (m, _) = opt.step(1e-4, m, grads).unwrap();
+                slot = Some(m);
+            };
+            let mut run = run;
+            group.bench_function(BenchmarkId::new(format!("train_{path}"), size.name), |b| {
+                b.iter(|| if generic { with_generic_path(&mut run) } else { run() })
+            });
+            let inner = model.clone().valid();
+            let xi = x.clone().inner();
+            let fwd = || criterion::black_box(inner.forward(xi.clone(), None).unwrap().0.sum().into_data());
+            group.bench_function(BenchmarkId::new(format!("forward_{path}"), size.name), |b| {
+                b.iter(|| if generic { with_generic_path(fwd) } else { fwd() })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn streaming<B: Backend, T: HostFloat>(c: &mut Criterion, backend: &str) {
+    let device = Default::default();
+    let config = streaming_config();
+    B::seed(&device, 0);
+    let stack = Mamba2Stack::<B>::init(&config, &device).unwrap();
+    let mut group = c.benchmark_group(format!("speed/{backend}"));
+    group.sample_size(20).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    group.throughput(Throughput::Elements(1));
+
+    let host = StreamingStack::<T>::new(&stack);
+    let mut state = host.zero_state(1);
+    let u: Vec<T> = (0..config.d_model).map(|i| T::from((i as f64 * 0.37).sin()).unwrap()).collect();
+    let mut out = vec![T::zero(); config.d_model];
+    group.bench_function("step_host/streaming", |b| b.iter(|| host.step(&mut state, &u, &mut out).unwrap()));
+
+    let row = Tensor::<B, 2>::random([1, config.d_model], Distribution::Normal(0.0, 1.0), &device);
+    let mut tensor_state = Some(mamba2_model::Mamba2State::zeros(&config, 1, &device));
+    group.bench_function("step_tensor/streaming", |b| {
+        b.iter(|| {
+            let (y, s) = stack.step(row.clone(), tensor_state.take().unwrap()).unwrap();
+            tensor_state = Some(s);
+            criterion::black_box(y.into_data())
+        })
+    });
+    group.finish();
+}
+
+fn length_sweep<B: Backend>(c: &mut Criterion, backend: &str) {
+    let device = Default::default();
+    let config = sizes()[1].config.clone();
+    B::seed(&device, 0);
+    let stack = Mamba2Stack::<B>::init(&config, &device).unwrap();
+    let mut group = c.benchmark_group(format!("speed/{backend}"));
+    group.sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    for len in SWEEP {
+        let x = Tensor::<B, 3>::random([1, len, config.d_model], Distribution::Normal(0.0, 1.0), &device);
+        group.throughput(Throughput::Elements(len as u64));
+        group.bench_function(BenchmarkId::new("forward_len", len), |b| {
+            b.iter(|| criterion::black_box(stack.forward(x.clone(), None).unwrap().0.sum().into_data()))
+        });
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    train_and_forward::<Autodiff<Flex>>(c, "flex_f32", true);
+    train_and_forward::<Autodiff<NdArray<f64>>>(c, "ndarray_f64", false);
+    streaming::<Flex, f32>(c, "flex_f32");
+    streaming::<NdArray<f64>, f64>(c, "ndarray_f64");
+    length_sweep::<Flex>(c, "flex_f32");
+}
+
+criterion_group!(speed, benches);
+criterion_main!(speed);

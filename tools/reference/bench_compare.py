@@ -1,0 +1,94 @@
+"""Both sides of issue 6 in one go: the Rust criterion bench (`cargo bench -p mamba2-train
+--bench speed`) and HF transformers' torch path (`bench_torch.py`), on the same configs, 2 threads
+each. Prints tokens/s for each side and the ratio, writes `docs/bench/compare.json` and the chart
+`docs/bench/forward_tokens_per_s_vs_len.png`.
+
+    /path/to/venv/bin/python tools/reference/bench_compare.py [--skip-rust] [--min-time 3]
+
+The Rust figures are criterion's median estimates; the torch figures are the mean over at least
+`--min-time` seconds, at HF's fastest chunk size of 64 and 256.
+"""
+import argparse, json, os, platform, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CRIT = ROOT / "target" / "criterion"
+TOKENS = {"small": 8 * 256, "medium": 8 * 512, "streaming": 1}
+SWEEP = [512, 1024, 2048, 4096, 8192, 16384]
+
+
+def rust_seconds(group, function, param):
+    est = CRIT / group / function / str(param) / "new" / "estimates.json" if param else CRIT / group / function / "new" / "estimates.json"
+    return json.loads(est.read_text())["median"]["point_estimate"] / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--skip-rust", action="store_true", help="reuse the last criterion results")
+    ap.add_argument("--min-time", type=float, default=3.0)
+    a = ap.parse_args()
+    env = dict(os.environ, RAYON_NUM_THREADS="2")
+    if not a.skip_rust:
+        subprocess.run(["cargo", "bench", "-p", "mamba2-train", "--bench", "speed"], cwd=ROOT, env=env, check=True)
+
+    def torch(*args):
+        out = subprocess.run([sys.executable, str(ROOT / "tools/reference/bench_torch.py"), "--threads", "2",
+                              "--min-time", str(a.min_time), *args], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    t_main = torch("--configs", "small,medium,streaming", "--dtypes", "f32,f64")
+    t_sweep = torch("--dtypes", "f32", "--lengths", ",".join(map(str, SWEEP)))
+
+    rows = []
+    for r in t_main:
+        backend = {"f32": "speed_flex_f32", "f64": "speed_ndarray_f64"}[r["dtype"]]
+        if r["what"] == "step":
+            fn, param = "step_host_streaming", None
+        else:
+            fn, param = f"{r['what']}_kernel", r["config"]
+        s = rust_seconds(backend, fn, param)
+        tok = TOKENS[r["config"]]
+        rows.append(dict(config=r["config"], what=r["what"], dtype=r["dtype"], rust_s=s, torch_s=r["s_per_iter"],
+                         rust_tok_s=tok / s, torch_tok_s=tok / r["s_per_iter"], ratio=r["s_per_iter"] / s,
+                         torch_chunk=r.get("chunk")))
+    sweep = []
+    for r in t_sweep:
+        s = rust_seconds("speed_flex_f32", "forward_len", r["seq"])
+        sweep.append(dict(len=r["seq"], rust_tok_s=r["seq"] / s, torch_tok_s=r["tokens_per_s"],
+                          rust_us_per_token=s / r["seq"] * 1e6, torch_chunk=r["chunk"]))
+
+    print(f"{'config':<10} {'what':<8} {'dtype':<5} {'rust tok/s':>12} {'torch tok/s':>12} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['config']:<10} {r['what']:<8} {r['dtype']:<5} {r['rust_tok_s']:>12.0f} {r['torch_tok_s']:>12.0f} {r['ratio']:>6.2f}x")
+        if r["what"] == "step":
+            print(f"{'':<10} step time: rust {r['rust_s'] * 1e6:.1f} us, torch {r['torch_s'] * 1e6:.1f} us")
+    print("\nforward, medium width, batch 1 (f32):")
+    base = sweep[0]["rust_us_per_token"]
+    for r in sweep:
+        print(f"  L {r['len']:>6}: rust {r['rust_tok_s']:>9.0f} tok/s ({r['rust_us_per_token']:.2f} us/token, "
+              f"{(r['rust_us_per_token'] / base - 1) * 100:+.1f}% vs L 512), torch {r['torch_tok_s']:>9.0f} tok/s")
+
+    out = ROOT / "docs" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(dict(machine=platform.processor() or platform.machine(),
+                                                      rows=rows, sweep=sweep), indent=1) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot([r["len"] for r in sweep], [r["rust_tok_s"] for r in sweep], "o-", label="mamba2 (Rust, Flex f32)")
+    ax.plot([r["len"] for r in sweep], [r["torch_tok_s"] for r in sweep], "s-", label="HF transformers (torch path, f32)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length L (batch 1, d_model 256, 4 layers)")
+    ax.set_ylabel("forward tokens / s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Forward throughput against length, 2 threads")
+    fig.tight_layout()
+    fig.savefig(out / "forward_tokens_per_s_vs_len.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -52,7 +52,7 @@ pub use error::ModelError;
 pub use fast::with_generic_path;
 pub use hf::{lm_from_hf_bytes, load_hf_lm};
 pub use lm::{LmConfig, LmOutput, Mamba2LM};
-pub use mixer::{DepthwiseConv, Mamba2Mixer};
+pub use mixer::{DepthwiseConv, Mamba2Mixer, MAX_PIECE};
 pub use norm::RmsNorm;
 pub use params::{hf_name, named_grads, named_params, NamedParam};
 pub use stack::Mamba2Stack;

@@ -43,6 +43,9 @@ pub struct Mamba2Mixer<B: Backend> {
     config: Mamba2Config,
 }
 
+/// The longest sequence one mixer call processes at once; longer ones run in pieces.
+pub const MAX_PIECE: usize = 512;
+
 /// A Linear layer with weight `U(-bound, bound)` (`[d_in, d_out]`, Burn's layout) and zero bias.
 pub(crate) fn uniform_linear<B: Backend>(
     d_in: usize,
@@ -160,10 +163,34 @@ impl<B: Backend> Mamba2Mixer<B> {
     /// `u1 ++ u2`, the convolution's tail included. Gradients flow through the input state into
     /// whatever produced it.
     ///
+    /// Sequences longer than [`MAX_PIECE`] rows run as consecutive pieces, each continuing from
+    /// the last one's state: the same function (by the property above), with per-call buffers
+    /// that stay in the allocator's reusable range and in cache, so that the time per token does
+    /// not grow with `L`.
+    ///
     /// # Shapes
     /// - `u`: `[batch, L, d_model]`
     /// - output: `[batch, L, d_model]` and the state after the last step
     pub fn forward(
+        &self,
+        u: Tensor<B, 3>,
+        state: Option<MixerState<B>>,
+    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
+        let len = u.dims()[1];
+        if len <= MAX_PIECE {
+            return self.forward_piece(u, state);
+        }
+        let mut state = state;
+        let mut outs = Vec::with_capacity(len.div_ceil(MAX_PIECE));
+        for start in (0..len).step_by(MAX_PIECE) {
+            let (y, next) = self.forward_piece(u.clone().narrow(1, start, MAX_PIECE.min(len - start)), state)?;
+            outs.push(y);
+            state = Some(next);
+        }
+        Ok((Tensor::cat(outs, 1), state.expect("at least one piece")))
+    }
+
+    fn forward_piece(
         &self,
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,

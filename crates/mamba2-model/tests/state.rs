@@ -148,3 +148,24 @@ fn greedy_generation_follows_the_full_forward() {
         seq.push(tok);
     }
 }
+
+#[test]
+fn sequences_longer_than_a_piece_equal_the_step_by_step_recurrence() {
+    // forward cuts sequences over MAX_PIECE rows into pieces; the joins must not show, in the
+    // outputs or in the final state.
+    let device = Default::default();
+    let model: Mamba2TimeSeries<NdF64> = tiny_ts(2).init(&device).unwrap();
+    let len = 2 * mamba2_model::MAX_PIECE + 7;
+    let x = wave::<NdF64>(1, len, 3, &device);
+    let (whole, whole_state) = model.forward(x.clone(), None).unwrap();
+    let mut state = model.zero_state(1, &device);
+    let mut outs = Vec::new();
+    for t in 0..len {
+        let (y, s) = model.step(x.clone().narrow(1, t, 1).reshape([1, 3]), state).unwrap();
+        outs.push(y.unsqueeze_dim::<3>(1));
+        state = s;
+    }
+    let dy = tensor_rel_diff(Tensor::cat(outs, 1), whole);
+    let ds = state_diff(&state, &whole_state);
+    assert!(dy <= 1e-10 && ds <= 1e-10, "L {len}: outputs {dy:e}, states {ds:e}");
+}

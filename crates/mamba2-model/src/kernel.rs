@@ -244,6 +244,8 @@ pub(crate) struct Inputs<'a, T> {
 pub(crate) struct Saved<T> {
     /// Convolution output before the SiLU, `[rows, conv_dim]`.
     xc: Vec<T>,
+    /// `sigmoid(xc)`, kept for the SiLU's derivative.
+    sxc: Vec<T>,
     /// After the SiLU: `x | B | C`, `[rows, conv_dim]`.
     xa: Vec<T>,
     /// `[rows, nheads]`.
@@ -327,14 +329,18 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
 
     // Convolution + SiLU and dt, row by row.
     let mut xc = vec![T::zero(); rows * cd];
+    let mut sxc = vec![T::zero(); rows * cd];
     let mut xa = vec![T::zero(); rows * cd];
     let mut dt = vec![T::zero(); rows * h];
     xc.par_chunks_mut(ROWS_PER_TASK * cd)
+        .zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))
         .zip(xa.par_chunks_mut(ROWS_PER_TASK * cd))
         .zip(dt.par_chunks_mut(ROWS_PER_TASK * h))
         .enumerate()
-        .for_each(|(task, ((xc, xa), dt))| {
-            for (i, ((xc, xa), dt)) in xc.chunks_mut(cd).zip(xa.chunks_mut(cd)).zip(dt.chunks_mut(h)).enumerate() {
+        .for_each(|(task, (((xc, sxc), xa), dt))| {
+            for (i, (((xc, sxc), xa), dt)) in
+                xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)).zip(xa.chunks_mut(cd)).zip(dt.chunks_mut(h)).enumerate()
+            {
                 let r = task * ROWS_PER_TASK + i;
                 let (b, t) = (r / l, r % l);
                 match prm.conv_b {
@@ -347,8 +353,9 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
                         *o = *o + wv * x;
                     }
                 }
-                for (o, &v) in xa.iter_mut().zip(xc.iter()) {
-                    *o = v * sigmoid(v);
+                for ((o, so), &v) in xa.iter_mut().zip(sxc.iter_mut()).zip(xc.iter()) {
+                    *so = sigmoid(v);
+                    *o = v * *so;
                 }
                 let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
                 for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
@@ -439,7 +446,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     for b in 0..dims.batch {
         out[b * dims.out_width()..b * dims.out_width() + l * di].copy_from_slice(&normed[b * l * di..(b + 1) * l * di]);
     }
-    (out, Saved { xc, xa, dt, y, rstd, seg_states })
+    (out, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
 }
 
 fn clamp_dt<T: HostFloat>(dims: &Dims, v: T) -> T {
@@ -468,26 +475,30 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
         .enumerate()
         .map(|(task, (gy, gzx))| {
             let mut gnw = vec![T::zero(); di];
+            let mut sig = vec![T::zero(); di];
             for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
                 let r = task * ROWS_PER_TASK + i;
                 let (b, t) = (r / l, r % l);
                 let go = &gout[b * ow + t * di..b * ow + (t + 1) * di];
                 let z = &inp.zx[r * w..r * w + di];
                 let yr = &saved.y[r * di..(r + 1) * di];
+                for (s, &zv) in sig.iter_mut().zip(z) {
+                    *s = sigmoid(zv);
+                }
                 for gi in 0..g {
                     let span = gi * gw..(gi + 1) * gw;
                     let inv = saved.rstd[r * g + gi];
                     // v is what the norm normalises; gv_in is the gradient reaching its output.
                     let mut dot = T::zero();
                     for ch in span.clone() {
-                        let sz = z[ch] * sigmoid(z[ch]);
+                        let sz = z[ch] * sig[ch];
                         let (v, g_in) = if dims.gate_first { (yr[ch] * sz, go[ch]) } else { (yr[ch], go[ch] * sz) };
                         gnw[ch] = gnw[ch] + g_in * v * inv;
                         dot = dot + g_in * prm.norm_w[ch] * v;
                     }
                     let coef = inv * inv * inv * dot / c(gw as f64);
                     for ch in span {
-                        let s = sigmoid(z[ch]);
+                        let s = sig[ch];
                         let sz = z[ch] * s;
                         let dsilu = s * (T::one() + z[ch] * (T::one() - s));
                         let v = if dims.gate_first { yr[ch] * sz } else { yr[ch] };
@@ -639,7 +650,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
     gxc.par_chunks_mut(ROWS_PER_TASK * cd).enumerate().for_each(|(task, rows_)| {
         for (i, v) in rows_.iter_mut().enumerate() {
             let x = saved.xc[task * ROWS_PER_TASK * cd + i];
-            let s = sigmoid(x);
+            let s = saved.sxc[task * ROWS_PER_TASK * cd + i];
             *v = *v * s * (T::one() + x * (T::one() - s));
         }
     });

@@ -209,8 +209,13 @@ impl<B: Backend> Mamba2Mixer<B> {
         // The next call's left context: the last k - 1 pre-convolution rows, reaching back into
         // the old tail when this call was shorter than that.
         let xbc = zxbcdt.clone().narrow(2, di, cd);
-        let tail_or_zeros = conv_tail.clone().unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &xbc.device()));
-        let new_tail = Tensor::cat(vec![tail_or_zeros.clone(), xbc.clone()], 1).narrow(1, len, k - 1);
+        let device = xbc.device();
+        let tail_or_zeros = |tail: Option<Tensor<B, 3>>| tail.unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &device));
+        let new_tail = if len >= k - 1 {
+            xbc.narrow(1, len - (k - 1), k - 1)
+        } else {
+            Tensor::cat(vec![tail_or_zeros(conv_tail.clone()), xbc], 1).narrow(1, len, k - 1)
+        };
 
         let args = CoreArgs {
             dims: self.kernel_dims(batch, len),
@@ -229,7 +234,7 @@ impl<B: Backend> Mamba2Mixer<B> {
                 packed.clone().narrow(1, 0, len * di).reshape([batch, len, di]),
                 packed.narrow(1, len * di, h * p * n).reshape([batch, h, p, n]),
             ),
-            Err(args) => self.core_generic(args.zx, tail_or_zeros, args.h0)?,
+            Err(args) => self.core_generic(args.zx, tail_or_zeros(args.tail), args.h0)?,
         };
         Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: final_state }))
     }

@@ -149,7 +149,7 @@ fn plain<B: Backend, T: HostFloat>(args: CoreArgs<B>) -> Tensor<B, 2> {
         d: host::<B, T>(prim(args.d)),
         norm_w: host::<B, T>(prim(args.norm_w)),
     };
-    let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params());
+    let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), false);
     Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &device)))
 }
 
@@ -230,13 +230,16 @@ fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(args: CoreArgs<Autod
         d: take(7).expect("present"),
         norm_w: take(8).expect("present"),
     };
-    let (out, saved) = kernel::forward(&dims, &host_args.inputs(), &host_args.params());
-    let out = to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device);
     let out = match CoreBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
+            let (out, saved) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), true);
+            let out = to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device);
             prep.finish(CoreState { args: Arc::new(host_args), saved: Arc::new(saved), device: inner_device }, out)
         }
-        OpsKind::UnTracked(prep) => prep.finish(out),
+        OpsKind::UnTracked(prep) => {
+            let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), false);
+            prep.finish(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device))
+        }
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

@@ -320,7 +320,10 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
 
 /// The forward pass: the packed output `[batch, L * d_inner + state_len]` and what the backward
 /// needs.
-pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>) -> (Vec<T>, Saved<T>) {
+///
+/// With `keep = false` (no backward will follow) the convolution's pre-activation buffers are
+/// not kept: the returned [`Saved`] is then only good for dropping.
+pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Saved<T>) {
     let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let zeros = vec![T::zero(); cd];
@@ -328,41 +331,54 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
 
     // Convolution + SiLU and dt, row by row.
-    let mut xc = vec![T::zero(); rows * cd];
-    let mut sxc = vec![T::zero(); rows * cd];
+    let kept = if keep { rows * cd } else { 0 };
+    let mut xc = vec![T::zero(); kept];
+    let mut sxc = vec![T::zero(); kept];
     let mut xa = vec![T::zero(); rows * cd];
     let mut dt = vec![T::zero(); rows * h];
-    xc.par_chunks_mut(ROWS_PER_TASK * cd)
-        .zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))
-        .zip(xa.par_chunks_mut(ROWS_PER_TASK * cd))
-        .zip(dt.par_chunks_mut(ROWS_PER_TASK * h))
-        .enumerate()
-        .for_each(|(task, (((xc, sxc), xa), dt))| {
-            for (i, (((xc, sxc), xa), dt)) in
-                xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)).zip(xa.chunks_mut(cd)).zip(dt.chunks_mut(h)).enumerate()
-            {
-                let r = task * ROWS_PER_TASK + i;
-                let (b, t) = (r / l, r % l);
-                match prm.conv_b {
-                    Some(bias) => xc.copy_from_slice(bias),
-                    None => xc.fill(T::zero()),
+    // One row: the convolution into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and dt.
+    let conv_row = |r: usize, xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]| {
+        let (b, t) = (r / l, r % l);
+        match prm.conv_b {
+            Some(bias) => xc.copy_from_slice(bias),
+            None => xc.fill(T::zero()),
+        }
+        for j in 0..k {
+            let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
+            for ((o, &x), &wv) in xc.iter_mut().zip(src).zip(&wt[j * cd..(j + 1) * cd]) {
+                *o = *o + wv * x;
+            }
+        }
+        for ((o, so), &v) in xa.iter_mut().zip(sxc.iter_mut()).zip(xc.iter()) {
+            *so = sigmoid(v);
+            *o = v * *so;
+        }
+        let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
+        for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
+            *o = clamp_dt(dims, softplus(v + bias));
+        }
+    };
+    let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * h)).enumerate();
+    if keep {
+        // Kept for the backward: every row's pre-activation and its sigmoid.
+        rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd).zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))).for_each(
+            |((task, (xa, dt)), (xc, sxc))| {
+                let rows = xa.chunks_mut(cd).zip(dt.chunks_mut(h)).zip(xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)));
+                for (i, ((xa, dt), (xc, sxc))) in rows.enumerate() {
+                    conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
                 }
-                for j in 0..k {
-                    let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
-                    for ((o, &x), &wv) in xc.iter_mut().zip(src).zip(&wt[j * cd..(j + 1) * cd]) {
-                        *o = *o + wv * x;
-                    }
-                }
-                for ((o, so), &v) in xa.iter_mut().zip(sxc.iter_mut()).zip(xc.iter()) {
-                    *so = sigmoid(v);
-                    *o = v * *so;
-                }
-                let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
-                for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
-                    *o = clamp_dt(dims, softplus(v + bias));
-                }
+            },
+        );
+    } else {
+        // Inference: a scratch row per task instead.
+        rows_xa.for_each(|(task, (xa, dt))| {
+            let mut scratch = vec![T::zero(); 2 * cd];
+            let (xc, sxc) = scratch.split_at_mut(cd);
+            for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(h)).enumerate() {
+                conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
             }
         });
+    }
 
     // The scan, one (batch, head) pair per task.
     let nseg = dims.segments();

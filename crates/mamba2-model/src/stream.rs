@@ -12,18 +12,11 @@ use crate::{Mamba2Config, Mamba2Stack, Mamba2State, MixerState, ModelError};
 
 #[derive(Debug, Clone)]
 struct Linear<T> {
-    /// The weight in column panels of [`PANEL`] outputs: panel `j` holds, for every input `i`,
-    /// the weights from input `i` to outputs `j * PANEL ..`, contiguous (the last panel padded
-    /// with zeros). A product then streams the weights once, in order, and keeps a panel's sums
-    /// in registers.
-    panels: Vec<T>,
+    /// `[d_in, d_out]`, Burn's layout: row `i` is what input `i` adds to the output.
+    weight: Vec<T>,
     bias: Option<Vec<T>>,
-    d_in: usize,
     d_out: usize,
 }
-
-/// Outputs per panel: four AVX-512 registers of `f32`.
-const PANEL: usize = 64;
 
 #[derive(Debug, Clone)]
 struct Layer<T> {
@@ -70,18 +63,8 @@ fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
 }
 
 fn linear<B: Backend, T: HostFloat>(l: &burn::nn::Linear<B>) -> Linear<T> {
-    let [d_in, d_out] = l.weight.dims();
-    let w: Vec<T> = host(l.weight.val());
-    let npanels = d_out.div_ceil(PANEL);
-    let mut panels = vec![T::zero(); npanels * d_in * PANEL];
-    for j in 0..npanels {
-        for i in 0..d_in {
-            for c in 0..PANEL.min(d_out - j * PANEL) {
-                panels[(j * d_in + i) * PANEL + c] = w[i * d_out + j * PANEL + c];
-            }
-        }
-    }
-    Linear { panels, bias: l.bias.as_ref().map(|b| host(b.val())), d_in, d_out }
+    let d_out = l.weight.dims()[1];
+    Linear { weight: host(l.weight.val()), bias: l.bias.as_ref().map(|b| host(b.val())), d_out }
 }
 
 impl<T: HostFloat> StreamingStack<T> {
@@ -228,10 +211,9 @@ impl<T: HostFloat> StreamingStack<T> {
         // The recurrence, head by head.
         let (lo, hi) = c.dt_limit();
         let ssm = &mut st.ssm[li][row * h * p * n..(row + 1) * h * p * n];
-        let (zx, xa) = (&st.zx, &st.xa);
-        let head = |(hh, (hs, yh)): (usize, (&mut [T], &mut [T]))| {
+        for hh in 0..h {
             let gi = hh / (h / g);
-            let v = zx[di + cd + hh] + layer.dt_bias[hh];
+            let v = st.zx[di + cd + hh] + layer.dt_bias[hh];
             let mut dt = if v > T::from(20.0).unwrap() { v } else { v.exp().ln_1p() };
             if lo > 0.0 {
                 dt = dt.max(T::from(lo).unwrap());
@@ -240,16 +222,16 @@ impl<T: HostFloat> StreamingStack<T> {
                 dt = dt.min(T::from(hi).unwrap());
             }
             let decay = (dt * layer.a[hh]).exp();
-            let x = &xa[hh * p..(hh + 1) * p];
-            let bv = &xa[di + gi * n..di + (gi + 1) * n];
-            let cv = &xa[di + g * n + gi * n..di + g * n + (gi + 1) * n];
-            head_forward(hs, x, bv, cv, decay, dt, yh);
+            let x = &st.xa[hh * p..(hh + 1) * p];
+            let bv = &st.xa[di + gi * n..di + (gi + 1) * n];
+            let cv = &st.xa[di + g * n + gi * n..di + g * n + (gi + 1) * n];
+            let yh = &mut st.y[hh * p..(hh + 1) * p];
+            head_forward(&mut ssm[hh * p * n..(hh + 1) * p * n], x, bv, cv, decay, dt, yh);
             for (pi, yv) in yh.iter_mut().enumerate() {
                 let skip = if c.d_has_hdim { layer.d[hh * p + pi] } else { layer.d[hh] };
                 *yv = *yv + skip * x[pi];
             }
-        };
-        ssm.chunks_mut(p * n).zip(st.y.chunks_mut(p)).enumerate().for_each(head);
+        }
 
         // Gated group-wise norm, out_proj, residual.
         let z = &st.zx[..di];
@@ -290,39 +272,32 @@ fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64, out: &mut [T]) {
 
 
 multiversion! {
-    /// `out = x W` over column panels (see [`Linear`]); two rows per iteration with separate
-    /// sums, so that eight independent addition chains hide the adder's latency.
-    fn panel_matvec<T>(x: &[T], panels: &[T], out: &mut [T]) {
-        let d_in = x.len();
-        for (j, o) in out.chunks_mut(PANEL).enumerate() {
-            let panel = &panels[j * d_in * PANEL..(j + 1) * d_in * PANEL];
-            let (pairs, _) = panel.as_chunks::<{ 2 * PANEL }>();
-            let mut even = [T::zero(); PANEL];
-            let mut odd = [T::zero(); PANEL];
-            for (two, xs) in pairs.iter().zip(x.chunks_exact(2)) {
-                for l in 0..PANEL {
-                    even[l] = even[l] + xs[0] * two[l];
-                    odd[l] = odd[l] + xs[1] * two[PANEL + l];
-                }
+    /// `out = x W`, four rows of `W` at a time so that each pass over `out` does four rows' work.
+    fn matvec_rows<T>(x: &[T], w: &[T], out: &mut [T]) {
+        let n = out.len();
+        out.fill(T::zero());
+        let (quads, rest) = x.as_chunks::<4>();
+        for (q, xs) in quads.iter().enumerate() {
+            let rows = &w[q * 4 * n..(q * 4 + 4) * n];
+            let (r0, r1) = rows.split_at(n);
+            let (r1, r2) = r1.split_at(n);
+            let (r2, r3) = r2.split_at(n);
+            for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
+                *o = *o + (xs[0] * a + xs[1] * b) + (xs[2] * c + xs[3] * d);
             }
-            if d_in % 2 == 1 {
-                let last = &panel[(d_in - 1) * PANEL..];
-                for l in 0..PANEL {
-                    even[l] = even[l] + x[d_in - 1] * last[l];
-                }
-            }
-            for (l, v) in o.iter_mut().enumerate() {
-                *v = even[l] + odd[l];
+        }
+        for (i, &xi) in rest.iter().enumerate() {
+            let row = quads.len() * 4 + i;
+            for (o, &wv) in out.iter_mut().zip(&w[row * n..(row + 1) * n]) {
+                *o = *o + xi * wv;
             }
         }
     }
 }
 
-/// `out = x W (+ b)`, on the calling thread: splitting one step over a thread pool costs more in
-/// wake-ups than the product itself (measured: 52 us became 118 us at the streaming config).
 fn matvec<T: HostFloat>(x: &[T], l: &Linear<T>, out: &mut [T]) {
-    debug_assert_eq!((x.len(), out.len()), (l.d_in, l.d_out));
-    panel_matvec(x, &l.panels, out);
+    debug_assert_eq!(out.len(), l.d_out);
+    matvec_rows(x, &l.weight, out);
     if let Some(b) = &l.bias {
         for (o, &bv) in out.iter_mut().zip(b) {
             *o = *o + bv;

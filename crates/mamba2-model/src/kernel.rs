@@ -276,7 +276,7 @@ fn c<T: HostFloat>(v: f64) -> T {
     T::from(v).expect("finite constant")
 }
 
-fn sigmoid<T: HostFloat>(v: T) -> T {
+pub(crate) fn sigmoid<T: HostFloat>(v: T) -> T {
     T::one() / (T::one() + (-v).exp())
 }
 
@@ -430,7 +430,6 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     }
 
     // The gated norm, row by row, written into the packed output.
-    let gw = di / g;
     let mut rstd = vec![T::zero(); rows * g];
     let mut normed = vec![T::zero(); rows * di];
     normed
@@ -440,29 +439,39 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         .for_each(|(task, (normed, rstd))| {
             for (i, (o, rs)) in normed.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
                 let r = task * ROWS_PER_TASK + i;
-                let z = &inp.zx[r * w..r * w + di];
-                let yr = &y[r * di..(r + 1) * di];
-                for gi in 0..g {
-                    let span = gi * gw..(gi + 1) * gw;
-                    let mut ss = T::zero();
-                    for ch in span.clone() {
-                        let v = if dims.gate_first { yr[ch] * z[ch] * sigmoid(z[ch]) } else { yr[ch] };
-                        o[ch] = v;
-                        ss = ss + v * v;
-                    }
-                    let inv = T::one() / (ss / c(gw as f64) + c(dims.eps)).sqrt();
-                    rs[gi] = inv;
-                    for ch in span {
-                        let gate = if dims.gate_first { T::one() } else { z[ch] * sigmoid(z[ch]) };
-                        o[ch] = o[ch] * inv * prm.norm_w[ch] * gate;
-                    }
-                }
+                gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..r * w + di], prm.norm_w, o, rs);
             }
         });
     for b in 0..dims.batch {
         out[b * dims.out_width()..b * dims.out_width() + l * di].copy_from_slice(&normed[b * l * di..(b + 1) * l * di]);
     }
     (out, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
+}
+
+/// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
+/// order `dims.gate_first` says; `1 / rms` of each group goes to `rstd`.
+pub(crate) fn gated_norm_row<T: HostFloat>(dims: &Dims, y: &[T], z: &[T], w: &[T], out: &mut [T], rstd: &mut [T]) {
+    let gw = dims.d_inner() / dims.ngroups;
+    for (gi, inv_out) in rstd.iter_mut().enumerate() {
+        let span = gi * gw..(gi + 1) * gw;
+        let mut ss = T::zero();
+        for ch in span.clone() {
+            let v = if dims.gate_first { y[ch] * z[ch] * sigmoid(z[ch]) } else { y[ch] };
+            out[ch] = v;
+            ss = ss + v * v;
+        }
+        let inv = T::one() / (ss / c(gw as f64) + c(dims.eps)).sqrt();
+        *inv_out = inv;
+        for ch in span {
+            let gate = if dims.gate_first { T::one() } else { z[ch] * sigmoid(z[ch]) };
+            out[ch] = out[ch] * inv * w[ch] * gate;
+        }
+    }
+}
+
+/// `dt = clamp(softplus(raw + bias), dt_lo, dt_hi)`, as in the generic path.
+pub(crate) fn step_size<T: HostFloat>(dims: &Dims, raw: T, bias: T) -> T {
+    clamp_dt(dims, softplus(raw + bias))
 }
 
 fn clamp_dt<T: HostFloat>(dims: &Dims, v: T) -> T {

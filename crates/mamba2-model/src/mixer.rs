@@ -46,6 +46,25 @@ pub struct Mamba2Mixer<B: Backend> {
 /// The longest sequence one mixer call processes at once; longer ones run in pieces.
 pub const MAX_PIECE: usize = 512;
 
+/// The kernel's view of a config, for `batch` rows of `len` steps.
+pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
+    let (lo, hi) = c.dt_limit();
+    Dims {
+        batch,
+        len,
+        nheads: c.nheads(),
+        headdim: c.headdim,
+        ngroups: c.ngroups,
+        d_state: c.d_state,
+        d_conv: c.d_conv,
+        d_per_channel: c.d_has_hdim,
+        dt_lo: lo,
+        dt_hi: hi,
+        gate_first: !c.norm_before_gate,
+        eps: c.norm_eps,
+    }
+}
+
 /// A Linear layer with weight `U(-bound, bound)` (`[d_in, d_out]`, Burn's layout) and zero bias.
 pub(crate) fn uniform_linear<B: Backend>(
     d_in: usize,
@@ -218,7 +237,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         };
 
         let args = CoreArgs {
-            dims: self.kernel_dims(batch, len),
+            dims: kernel_dims(&self.config, batch, len),
             zx: zxbcdt,
             tail: conv_tail,
             h0: ssm_state,
@@ -237,25 +256,6 @@ impl<B: Backend> Mamba2Mixer<B> {
             Err(args) => self.core_generic(args.zx, tail_or_zeros(args.tail), args.h0)?,
         };
         Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: final_state }))
-    }
-
-    fn kernel_dims(&self, batch: usize, len: usize) -> Dims {
-        let c = &self.config;
-        let (lo, hi) = c.dt_limit();
-        Dims {
-            batch,
-            len,
-            nheads: c.nheads(),
-            headdim: c.headdim,
-            ngroups: c.ngroups,
-            d_state: c.d_state,
-            d_conv: c.d_conv,
-            d_per_channel: c.d_has_hdim,
-            dt_lo: lo,
-            dt_hi: hi,
-            gate_first: !c.norm_before_gate,
-            eps: c.norm_eps,
-        }
     }
 
     /// The core (convolution to gated norm) from tensor operations: the reference for the CPU

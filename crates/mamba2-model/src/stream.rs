@@ -7,7 +7,8 @@
 
 use burn::prelude::*;
 
-use crate::kernel::{head_forward, multiversion, HostFloat};
+use crate::kernel::{gated_norm_row, head_forward, multiversion, sigmoid, step_size, HostFloat};
+use crate::mixer::kernel_dims;
 use crate::{Mamba2Config, Mamba2Stack, Mamba2State, MixerState, ModelError};
 
 #[derive(Debug, Clone)]
@@ -55,6 +56,9 @@ pub struct StreamingState<T> {
     zx: Vec<T>,
     xa: Vec<T>,
     y: Vec<T>,
+    normed_y: Vec<T>,
+    /// `1 / rms` per norm group, which the step does not need but the shared norm writes.
+    rstd: Vec<T>,
     mixed: Vec<T>,
 }
 
@@ -119,6 +123,8 @@ impl<T: HostFloat> StreamingStack<T> {
             zx: vec![T::zero(); c.d_in_proj()],
             xa: vec![T::zero(); cd],
             y: vec![T::zero(); di],
+            normed_y: vec![T::zero(); di],
+            rstd: vec![T::zero(); c.ngroups],
             mixed: vec![T::zero(); d],
         }
     }
@@ -205,22 +211,15 @@ impl<T: HostFloat> StreamingStack<T> {
         tail.copy_within(cd.., 0);
         tail[(k - 2) * cd..].copy_from_slice(xbc);
         for v in st.xa.iter_mut() {
-            *v = *v / (T::one() + (-*v).exp());
+            *v = *v * sigmoid(*v);
         }
 
         // The recurrence, head by head.
-        let (lo, hi) = c.dt_limit();
+        let dims = kernel_dims(c, 1, 1);
         let ssm = &mut st.ssm[li][row * h * p * n..(row + 1) * h * p * n];
         for hh in 0..h {
             let gi = hh / (h / g);
-            let v = st.zx[di + cd + hh] + layer.dt_bias[hh];
-            let mut dt = if v > T::from(20.0).unwrap() { v } else { v.exp().ln_1p() };
-            if lo > 0.0 {
-                dt = dt.max(T::from(lo).unwrap());
-            }
-            if hi.is_finite() {
-                dt = dt.min(T::from(hi).unwrap());
-            }
+            let dt = step_size(&dims, st.zx[di + cd + hh], layer.dt_bias[hh]);
             let decay = (dt * layer.a[hh]).exp();
             let x = &st.xa[hh * p..(hh + 1) * p];
             let bv = &st.xa[di + gi * n..di + (gi + 1) * n];
@@ -234,28 +233,8 @@ impl<T: HostFloat> StreamingStack<T> {
         }
 
         // Gated group-wise norm, out_proj, residual.
-        let z = &st.zx[..di];
-        let gw = di / g;
-        for gi in 0..g {
-            let span = gi * gw..(gi + 1) * gw;
-            let mut ss = T::zero();
-            for ch in span.clone() {
-                let sz = z[ch] / (T::one() + (-z[ch]).exp());
-                if !c.norm_before_gate {
-                    st.y[ch] = st.y[ch] * sz;
-                }
-                ss = ss + st.y[ch] * st.y[ch];
-            }
-            let inv = T::one() / (ss / T::from(gw).unwrap() + T::from(c.norm_eps).unwrap()).sqrt();
-            for ch in span {
-                let mut v = st.y[ch] * inv * layer.gated_norm[ch];
-                if c.norm_before_gate {
-                    v = v * z[ch] / (T::one() + (-z[ch]).exp());
-                }
-                st.y[ch] = v;
-            }
-        }
-        matvec(&st.y, &layer.out_proj, &mut st.mixed);
+        gated_norm_row(&dims, &st.y, &st.zx[..di], &layer.gated_norm, &mut st.normed_y, &mut st.rstd);
+        matvec(&st.normed_y, &layer.out_proj, &mut st.mixed);
         for (hv, &m) in st.hidden.iter_mut().zip(&st.mixed) {
             *hv = *hv + m;
         }

@@ -21,7 +21,10 @@ pub(crate) const SEG: usize = 64;
 const ROWS_PER_TASK: usize = 64;
 
 /// The float types the CPU paths run in: `f32` and `f64`.
-pub trait HostFloat: Float + Send + Sync + std::iter::Sum + std::fmt::Debug + burn::tensor::Element + 'static {}
+pub trait HostFloat:
+    Float + Send + Sync + std::iter::Sum + std::fmt::Debug + burn::tensor::Element + crate::simd::Lanes + 'static
+{
+}
 impl HostFloat for f32 {}
 impl HostFloat for f64 {}
 
@@ -117,7 +120,7 @@ fn dot<T: HostFloat>(a: &[T], b: &[T]) -> T {
 
 multiversion! {
     /// One step of one head: `h = decay h + dt x B`, `y[p] = h[p] . C` for every row `p`.
-    fn head_forward<T>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, y: &mut [T]) {
+    fn head_forward_plain<T>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, y: &mut [T]) {
         let n = b.len();
         for (pi, hs) in state.chunks_exact_mut(n).enumerate() {
             y[pi] = update_dot(hs, b, c, decay, x[pi] * dt);
@@ -127,7 +130,7 @@ multiversion! {
 
 multiversion! {
     /// The state after one step, written into `next`, without the output.
-    fn head_state<T>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
+    fn head_state_plain<T>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
         let n = b.len();
         for (pi, (hn, hp)) in next.chunks_exact_mut(n).zip(prev.chunks_exact(n)).enumerate() {
             let xdt = x[pi] * dt;
@@ -142,7 +145,7 @@ multiversion! {
     /// One reverse step of one head. On entry `gh` is the gradient reaching `h_t` from later
     /// steps; on return it is the gradient reaching `h_{t-1}`. Accumulates into `gc` and `gb`,
     /// writes `sb[p] = (dL/dh_t)[p] . B` and returns `sum (dL/dh_t) * h_{t-1}` (for the decay).
-    fn head_backward<T>(
+    fn head_backward_plain<T>(
         gh: &mut [T], ht: &[T], hprev: &[T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T,
         gc: &mut [T], gb: &mut [T], sb: &mut [T]
     ) -> T {
@@ -167,6 +170,40 @@ multiversion! {
         }
         g_decay
     }
+}
+
+/// One step of one head: `h = decay h + dt x B`, `y[p] = h[p] . C` for every row `p`.
+pub(crate) fn head_forward<T: HostFloat>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, y: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::usable::<T>(b.len()) {
+        // SAFETY: `usable` checked the CPU and the row length.
+        return unsafe { crate::simd::head_forward(state, x, b, c, decay, dt, y) };
+    }
+    head_forward_plain(state, x, b, c, decay, dt, y)
+}
+
+/// The state after one step, written into `next`, without the output.
+pub(crate) fn head_state<T: HostFloat>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::usable::<T>(b.len()) {
+        // SAFETY: as above.
+        return unsafe { crate::simd::head_state(next, prev, x, b, decay, dt) };
+    }
+    head_state_plain(next, prev, x, b, decay, dt)
+}
+
+/// One reverse step of one head; see [`head_backward_plain`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_backward<T: HostFloat>(
+    gh: &mut [T], ht: &[T], hprev: &[T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T,
+    gc: &mut [T], gb: &mut [T], sb: &mut [T],
+) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::usable::<T>(b.len()) {
+        // SAFETY: as above.
+        return unsafe { crate::simd::head_backward(gh, ht, hprev, gy, x, b, c, decay, dt, gc, gb, sb) };
+    }
+    head_backward_plain(gh, ht, hprev, gy, x, b, c, decay, dt, gc, gb, sb)
 }
 
 /// Sizes and settings of one call; the names are the config's.

@@ -40,6 +40,7 @@ mod lm;
 mod mixer;
 mod norm;
 mod params;
+mod simd;
 mod stack;
 mod state;
 mod stream;

@@ -27,6 +27,10 @@ fn cases() -> Vec<Case> {
         ("G2 bias", base().with_ngroups(2).with_bias(true)),
         ("D per channel, norm first", base().with_d_has_hdim(true).with_norm_before_gate(true)),
         ("dt limit, no conv bias", base().with_dt_limit_lo(0.01).with_dt_limit_hi(Some(0.05)).with_conv_bias(false)),
+        // d_state 16 and 80 take the AVX-512 loops for f32 as well (d_state 8 only for f64), and
+        // 80 = 5 vectors of f32, 10 of f64, walks the reverse step's blocks of 4 vectors.
+        ("d_state 16", base().with_d_state(16)),
+        ("d_state 80, G2", base().with_d_state(80).with_headdim(4).with_ngroups(2)),
     ] {
         // 70 and 131 cross the kernel's 64-step segments (full, then partial).
         for (batch, len, with_state) in [(1, 1, false), (2, 5, true), (3, 70, false), (2, 131, true)] {

@@ -85,13 +85,29 @@ pub(crate) fn try_core<B: Backend>(args: CoreArgs<B>) -> Result<Tensor<B, 2>, Co
     Err(*boxed.downcast::<CoreArgs<B>>().expect("the arguments' own type"))
 }
 
-/// A float primitive's values on the host.
-fn host<B: Backend, T: Element>(t: B::FloatTensorPrimitive) -> Vec<T> {
-    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t))
-        .into_data()
-        .convert::<T>()
-        .into_vec::<T>()
-        .expect("converted to the kernel's element type")
+/// A float primitive's values on the host: the tensor's own buffer, read in place, when it holds
+/// `T` suitably aligned (the usual case, and no copy beyond Burn's own), else a converted copy.
+#[derive(Debug)]
+enum HostBuf<T> {
+    Data(TensorData),
+    Owned(Vec<T>),
+}
+
+impl<T: Element> HostBuf<T> {
+    fn get(&self) -> &[T] {
+        match self {
+            HostBuf::Data(data) => data.as_slice::<T>().expect("checked when made"),
+            HostBuf::Owned(values) => values,
+        }
+    }
+}
+
+fn host<B: Backend, T: Element>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
+    let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).into_data();
+    if data.as_slice::<T>().is_ok() {
+        return HostBuf::Data(data);
+    }
+    HostBuf::Owned(data.convert::<T>().into_vec::<T>().expect("converted to the kernel's element type"))
 }
 
 fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: &B::Device) -> B::FloatTensorPrimitive {
@@ -102,29 +118,46 @@ fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: 
 #[derive(Debug)]
 struct HostArgs<T> {
     dims: Dims,
-    zx: Vec<T>,
-    tail: Option<Vec<T>>,
-    h0: Option<Vec<T>>,
-    conv_w: Vec<T>,
-    conv_b: Option<Vec<T>>,
-    dt_bias: Vec<T>,
-    a_log: Vec<T>,
-    d: Vec<T>,
-    norm_w: Vec<T>,
+    zx: HostBuf<T>,
+    tail: Option<HostBuf<T>>,
+    h0: Option<HostBuf<T>>,
+    conv_w: HostBuf<T>,
+    conv_b: Option<HostBuf<T>>,
+    dt_bias: HostBuf<T>,
+    a_log: HostBuf<T>,
+    d: HostBuf<T>,
+    norm_w: HostBuf<T>,
 }
 
 impl<T: HostFloat> HostArgs<T> {
+    /// From the inputs in the order of the autodiff node's parents, `None` for an absent one.
+    fn new<B: Backend>(dims: Dims, parts: [Option<B::FloatTensorPrimitive>; PARENTS]) -> Self {
+        let [zx, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w] = parts.map(|t| t.map(host::<B, T>));
+        let required = |v: Option<HostBuf<T>>| v.expect("zx and the parameters other than conv_b are always given");
+        Self {
+            dims,
+            zx: required(zx),
+            tail,
+            h0,
+            conv_w: required(conv_w),
+            conv_b,
+            dt_bias: required(dt_bias),
+            a_log: required(a_log),
+            d: required(d),
+            norm_w: required(norm_w),
+        }
+    }
     fn inputs(&self) -> Inputs<'_, T> {
-        Inputs { zx: &self.zx, tail: self.tail.as_deref(), h0: self.h0.as_deref() }
+        Inputs { zx: self.zx.get(), tail: self.tail.as_ref().map(HostBuf::get), h0: self.h0.as_ref().map(HostBuf::get) }
     }
     fn params(&self) -> Params<'_, T> {
         Params {
-            conv_w: &self.conv_w,
-            conv_b: self.conv_b.as_deref(),
-            dt_bias: &self.dt_bias,
-            a_log: &self.a_log,
-            d: &self.d,
-            norm_w: &self.norm_w,
+            conv_w: self.conv_w.get(),
+            conv_b: self.conv_b.as_ref().map(HostBuf::get),
+            dt_bias: self.dt_bias.get(),
+            a_log: self.a_log.get(),
+            d: self.d.get(),
+            norm_w: self.norm_w.get(),
         }
     }
 }
@@ -137,18 +170,18 @@ fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive 
 fn plain<B: Backend, T: HostFloat>(args: CoreArgs<B>) -> Tensor<B, 2> {
     let device = args.zx.device();
     let dims = args.dims;
-    let host_args = HostArgs::<T> {
-        dims,
-        zx: host::<B, T>(prim(args.zx)),
-        tail: args.tail.map(|t| host::<B, T>(prim(t))),
-        h0: args.h0.map(|t| host::<B, T>(prim(t))),
-        conv_w: host::<B, T>(prim(args.conv_w)),
-        conv_b: args.conv_b.map(|t| host::<B, T>(prim(t))),
-        dt_bias: host::<B, T>(prim(args.dt_bias)),
-        a_log: host::<B, T>(prim(args.a_log)),
-        d: host::<B, T>(prim(args.d)),
-        norm_w: host::<B, T>(prim(args.norm_w)),
-    };
+    let parts = [
+        Some(prim(args.zx)),
+        args.tail.map(prim),
+        args.h0.map(prim),
+        Some(prim(args.conv_w)),
+        args.conv_b.map(prim),
+        Some(prim(args.dt_bias)),
+        Some(prim(args.a_log)),
+        Some(prim(args.d)),
+        Some(prim(args.norm_w)),
+    ];
+    let host_args = HostArgs::<T>::new::<B>(dims, parts);
     let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), false);
     Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &device)))
 }
@@ -172,7 +205,7 @@ impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for CoreBackward<T> {
     fn backward(self, ops: Ops<Self::State, PARENTS>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let CoreState { args, saved, device } = ops.state;
         let gout = host::<B, T>(grads.consume::<B>(&ops.node));
-        let g = kernel::backward(&args.dims, &args.inputs(), &args.params(), &saved, &gout);
+        let g = kernel::backward(&args.dims, &args.inputs(), &args.params(), &saved, gout.get());
         let dims = args.dims;
         let (b, l, k, cd) = (dims.batch, dims.len, dims.d_conv, dims.conv_dim());
         let (h, p, n) = (dims.nheads, dims.headdim, dims.d_state);
@@ -184,7 +217,7 @@ impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for CoreBackward<T> {
             (g.conv_b, vec![cd]),
             (g.dt_bias, vec![h]),
             (g.a_log, vec![h]),
-            (g.d, vec![args.d.len()]),
+            (g.d, vec![args.d.get().len()]),
             (g.norm_w, vec![dims.d_inner()]),
         ];
         for (parent, (values, shape)) in ops.parents.iter().zip(shaped) {
@@ -215,21 +248,7 @@ fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(args: CoreArgs<Autod
     ];
     let nodes = std::array::from_fn(|i| parts[i].node.clone());
     let inner_device: B::Device = device.clone();
-    let mut values: Vec<Option<Vec<T>>> =
-        parts.iter().zip(present).map(|(t, ok)| ok.then(|| host::<B, T>(t.primitive.clone()))).collect();
-    let mut take = |i: usize| values[i].take();
-    let host_args = HostArgs::<T> {
-        dims,
-        zx: take(0).expect("present"),
-        tail: take(1),
-        h0: take(2),
-        conv_w: take(3).expect("present"),
-        conv_b: take(4),
-        dt_bias: take(5).expect("present"),
-        a_log: take(6).expect("present"),
-        d: take(7).expect("present"),
-        norm_w: take(8).expect("present"),
-    };
+    let host_args = HostArgs::<T>::new::<B>(dims, std::array::from_fn(|i| present[i].then(|| parts[i].primitive.clone())));
     let out = match CoreBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let (out, saved) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), true);

@@ -15,6 +15,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::{CheckpointStrategy, NoCheckpointing};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::prelude::*;
 use burn::tensor::{Element, TensorData, TensorPrimitive};
@@ -89,20 +90,29 @@ pub(crate) fn try_core<B: Backend>(args: CoreArgs<B>) -> Result<Tensor<B, 2>, Co
 /// `T` suitably aligned (the usual case, and no copy beyond Burn's own), else a converted copy.
 #[derive(Debug)]
 enum HostBuf<T> {
+    /// A Flex tensor shares its buffer: this is a view, no copy at all.
+    Flex(FlexTensor),
     Data(TensorData),
     Owned(Vec<T>),
 }
 
-impl<T: Element> HostBuf<T> {
+impl<T: HostFloat> HostBuf<T> {
     fn get(&self) -> &[T] {
         match self {
+            HostBuf::Flex(t) => t.as_slice::<T>().expect("checked when made"),
             HostBuf::Data(data) => data.as_slice::<T>().expect("checked when made"),
             HostBuf::Owned(values) => values,
         }
     }
 }
 
-fn host<B: Backend, T: Element>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
+fn host<B: Backend, T: HostFloat>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
+    let any: Box<dyn Any> = Box::new(t);
+    let t = match any.downcast::<FlexTensor>() {
+        Ok(flex) if flex.as_slice::<T>().is_some() => return HostBuf::Flex(*flex),
+        Ok(flex) => *(flex as Box<dyn Any>).downcast::<B::FloatTensorPrimitive>().expect("the primitive's own type"),
+        Err(other) => *other.downcast::<B::FloatTensorPrimitive>().expect("the primitive's own type"),
+    };
     let data = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(t)).into_data();
     if data.as_slice::<T>().is_ok() {
         return HostBuf::Data(data);

@@ -22,7 +22,7 @@ const ROWS_PER_TASK: usize = 64;
 
 /// The float types the CPU paths run in: `f32` and `f64`.
 pub trait HostFloat:
-    Float + Send + Sync + std::iter::Sum + std::fmt::Debug + burn::tensor::Element + crate::simd::Lanes + 'static
+    Float + Send + Sync + std::iter::Sum + std::fmt::Debug + burn::tensor::Element + bytemuck::Pod + crate::simd::Lanes + 'static
 {
 }
 impl HostFloat for f32 {}
@@ -317,6 +317,19 @@ pub(crate) fn sigmoid<T: HostFloat>(v: T) -> T {
     T::one() / (T::one() + (-v).exp())
 }
 
+/// `out[i] = sigmoid(x[i])`, with vector instructions where the CPU has them.
+pub(crate) fn sigmoid_into<T: HostFloat>(x: &[T], out: &mut [T]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has just been found to support AVX-512F.
+        done = unsafe { crate::simd::sigmoid_slice(x, out) };
+    }
+    for (o, &v) in out[done..].iter_mut().zip(&x[done..]) {
+        *o = sigmoid(v);
+    }
+}
+
 /// `softplus` with the generic path's threshold: the identity above 20.
 fn softplus<T: HostFloat>(v: T) -> T {
     if v > c(20.0) {
@@ -386,9 +399,9 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
                 *o = *o + wv * x;
             }
         }
-        for ((o, so), &v) in xa.iter_mut().zip(sxc.iter_mut()).zip(xc.iter()) {
-            *so = sigmoid(v);
-            *o = v * *so;
+        sigmoid_into(xc, sxc);
+        for ((o, &s), &v) in xa.iter_mut().zip(sxc.iter()).zip(xc.iter()) {
+            *o = v * s;
         }
         let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
         for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
@@ -489,19 +502,32 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
 /// order `dims.gate_first` says; `1 / rms` of each group goes to `rstd`.
 pub(crate) fn gated_norm_row<T: HostFloat>(dims: &Dims, y: &[T], z: &[T], w: &[T], out: &mut [T], rstd: &mut [T]) {
     let gw = dims.d_inner() / dims.ngroups;
+    // The gate silu(z) first, into `out`, which is then scaled in place.
+    sigmoid_into(z, out);
+    for (o, &zv) in out.iter_mut().zip(z) {
+        *o = *o * zv;
+    }
     for (gi, inv_out) in rstd.iter_mut().enumerate() {
         let span = gi * gw..(gi + 1) * gw;
-        let mut ss = T::zero();
-        for ch in span.clone() {
-            let v = if dims.gate_first { y[ch] * z[ch] * sigmoid(z[ch]) } else { y[ch] };
-            out[ch] = v;
-            ss = ss + v * v;
-        }
+        let (yg, og, wg) = (&y[span.clone()], &mut out[span.clone()], &w[span]);
+        let ss = if dims.gate_first {
+            og.iter_mut().zip(yg).fold(T::zero(), |ss, (o, &yv)| {
+                *o = *o * yv;
+                ss + *o * *o
+            })
+        } else {
+            yg.iter().fold(T::zero(), |ss, &yv| ss + yv * yv)
+        };
         let inv = T::one() / (ss / c(gw as f64) + c(dims.eps)).sqrt();
         *inv_out = inv;
-        for ch in span {
-            let gate = if dims.gate_first { T::one() } else { z[ch] * sigmoid(z[ch]) };
-            out[ch] = out[ch] * inv * w[ch] * gate;
+        if dims.gate_first {
+            for (o, &wv) in og.iter_mut().zip(wg) {
+                *o = *o * inv * wv;
+            }
+        } else {
+            for ((o, &yv), &wv) in og.iter_mut().zip(yg).zip(wg) {
+                *o = yv * inv * wv * *o;
+            }
         }
     }
 }
@@ -544,9 +570,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
                 let go = &gout[b * ow + t * di..b * ow + (t + 1) * di];
                 let z = &inp.zx[r * w..r * w + di];
                 let yr = &saved.y[r * di..(r + 1) * di];
-                for (s, &zv) in sig.iter_mut().zip(z) {
-                    *s = sigmoid(zv);
-                }
+                sigmoid_into(z, &mut sig);
                 for gi in 0..g {
                     let span = gi * gw..(gi + 1) * gw;
                     let inv = saved.rstd[r * g + gi];

@@ -26,6 +26,8 @@ pub trait Lanes: Copy + Sized {
     unsafe fn vstore(p: *mut Self, v: Self::V);
     #[doc(hidden)]
     unsafe fn vmul(a: Self::V, b: Self::V) -> Self::V;
+    #[doc(hidden)]
+    unsafe fn vadd(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c`, rounded once.
     #[doc(hidden)]
     unsafe fn vfma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
@@ -53,7 +55,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     macro_rules! lanes {
-        ($t:ty, $v:ty, $w:expr, $zero:ident, $set1:ident, $load:ident, $store:ident, $mul:ident, $fma:ident, $sum:ident, $sigmoid:ident) => {
+        ($t:ty, $v:ty, $w:expr, $zero:ident, $set1:ident, $load:ident, $store:ident, $mul:ident, $add:ident, $fma:ident, $sum:ident, $sigmoid:ident) => {
             impl Lanes for $t {
                 type V = $v;
                 const W: usize = $w;
@@ -84,6 +86,11 @@ mod x86 {
                 }
                 #[inline]
                 #[target_feature(enable = "avx512f")]
+                unsafe fn vadd(a: $v, b: $v) -> $v {
+                    $add(a, b)
+                }
+                #[inline]
+                #[target_feature(enable = "avx512f")]
                 unsafe fn vfma(a: $v, b: $v, c: $v) -> $v {
                     $fma(a, b, c)
                 }
@@ -100,8 +107,8 @@ mod x86 {
             }
         };
     }
-    lanes!(f32, __m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, sigmoid_ps);
-    lanes!(f64, __m512d, 8, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_fmadd_pd, _mm512_reduce_add_pd, sigmoid_pd);
+    lanes!(f32, __m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, sigmoid_ps);
+    lanes!(f64, __m512d, 8, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_add_pd, _mm512_fmadd_pd, _mm512_reduce_add_pd, sigmoid_pd);
 
     // exp(x) = 2^k exp(r) with k = round(x / ln 2) and |r| <= ln 2 / 2, exp(r) by its Taylor
     // series (degree 7 for f32, 13 for f64: the first omitted term is below half a unit in the
@@ -150,6 +157,73 @@ mod x86 {
             T::vstore(out.as_mut_ptr().add(i), T::vsigmoid(T::vload(x.as_ptr().add(i))));
         }
         n
+    }
+
+    /// Vectors per column panel of a packed matrix ([`pack_panels`]).
+    const PANEL: usize = 4;
+
+    /// Columns per panel for `T`.
+    pub(crate) fn panel_width<T: Lanes>() -> usize {
+        PANEL * T::W
+    }
+
+    /// `w` (`[d_in, d_out]`, row-major) as column panels of [`panel_width`] columns: panel `q`
+    /// holds columns `q * pw..(q + 1) * pw` of every row, row after row, zero-padded at the
+    /// right edge. A panel is contiguous, so a matrix-vector product reads memory in order.
+    pub(crate) fn pack_panels<T: Lanes + num_traits::Zero>(w: &[T], d_in: usize, d_out: usize) -> Vec<T> {
+        let pw = panel_width::<T>();
+        let np = d_out.div_ceil(pw);
+        let mut out = vec![T::zero(); np * d_in * pw];
+        for q in 0..np {
+            for i in 0..d_in {
+                for c in 0..pw.min(d_out - q * pw) {
+                    out[(q * d_in + i) * pw + c] = w[i * d_out + q * pw + c];
+                }
+            }
+        }
+        out
+    }
+
+    /// `out = x W` with `W` packed by [`pack_panels`]. Each panel's columns are summed in
+    /// registers over all rows, two rows at a time into separate sums, so that the additions
+    /// do not wait on each other.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `panels` was packed for `x.len()` rows and `out.len()` columns.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn matvec_panels<T: Lanes + num_traits::Zero>(x: &[T], panels: &[T], out: &mut [T]) {
+        let pw = panel_width::<T>();
+        let (d_in, d_out) = (x.len(), out.len());
+        let np = d_out.div_ceil(pw);
+        assert_eq!(panels.len(), np * d_in * pw);
+        for q in 0..np {
+            let base = panels.as_ptr().add(q * d_in * pw);
+            let mut even = [T::vzero(); PANEL];
+            let mut odd = [T::vzero(); PANEL];
+            let pairs = d_in / 2;
+            for i in 0..pairs {
+                // SAFETY: rows 2i and 2i + 1 are below d_in; the panel has d_in rows of pw.
+                let (x0, x1) = (T::vsplat(x[2 * i]), T::vsplat(x[2 * i + 1]));
+                let (r0, r1) = (base.add(2 * i * pw), base.add((2 * i + 1) * pw));
+                for j in 0..PANEL {
+                    even[j] = T::vfma(x0, T::vload(r0.add(j * T::W)), even[j]);
+                    odd[j] = T::vfma(x1, T::vload(r1.add(j * T::W)), odd[j]);
+                }
+            }
+            if d_in % 2 == 1 {
+                let (xl, rl) = (T::vsplat(x[d_in - 1]), base.add((d_in - 1) * pw));
+                for j in 0..PANEL {
+                    even[j] = T::vfma(xl, T::vload(rl.add(j * T::W)), even[j]);
+                }
+            }
+            let c0 = q * pw;
+            let mut block = [T::zero(); 64];
+            for j in 0..PANEL {
+                T::vstore(block.as_mut_ptr().add(j * T::W), T::vadd(even[j], odd[j]));
+            }
+            let width = pw.min(d_out - c0);
+            out[c0..c0 + width].copy_from_slice(&block[..width]);
+        }
     }
 
     /// Whether the vector loops can run for rows of `n` values of `T` on this CPU.

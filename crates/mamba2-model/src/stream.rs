@@ -7,14 +7,17 @@
 
 use burn::prelude::*;
 
+use crate::helper::Helper;
 use crate::kernel::{gated_norm_row, head_forward, multiversion, sigmoid, step_size, HostFloat};
 use crate::mixer::kernel_dims;
 use crate::{Mamba2Config, Mamba2Stack, Mamba2State, MixerState, ModelError};
 
 #[derive(Debug, Clone)]
 struct Linear<T> {
-    /// `[d_in, d_out]`, Burn's layout: row `i` is what input `i` adds to the output.
+    /// `[d_in, d_out]`, Burn's layout: row `i` is what input `i` adds to the output; or, when
+    /// `panels`, packed in column panels for the vector loop (`simd::pack_panels`).
     weight: Vec<T>,
+    panels: bool,
     bias: Option<Vec<T>>,
     d_out: usize,
 }
@@ -36,16 +39,17 @@ struct Layer<T> {
 
 /// A [`Mamba2Stack`]'s weights on the host, for [`StreamingStack::step`].
 #[derive(Debug, Clone)]
-pub struct StreamingStack<T> {
+pub struct StreamingStack<T: HostFloat> {
     config: Mamba2Config,
     layers: Vec<Layer<T>>,
     norm_f: Vec<T>,
 }
 
 /// The recurrent state of a [`StreamingStack`] for `batch` independent streams, with the scratch
-/// space one step needs.
-#[derive(Debug, Clone)]
-pub struct StreamingState<T> {
+/// space one step needs and, for stacks whose weights outgrow a core's cache, a helper thread
+/// that takes half of each matrix-vector product ([`StreamingState::with_helper`]).
+#[derive(Debug)]
+pub struct StreamingState<T: HostFloat> {
     batch: usize,
     /// Per layer: `[batch, d_conv - 1, conv_dim]`, oldest row first.
     conv: Vec<Vec<T>>,
@@ -60,6 +64,55 @@ pub struct StreamingState<T> {
     /// `1 / rms` per norm group, which the step does not need but the shared norm writes.
     rstd: Vec<T>,
     mixed: Vec<T>,
+    helper: Option<Helper<T>>,
+}
+
+impl<T: HostFloat> Clone for StreamingState<T> {
+    /// The same state; the copy starts its own helper thread if this one has one.
+    fn clone(&self) -> Self {
+        Self {
+            batch: self.batch,
+            conv: self.conv.clone(),
+            ssm: self.ssm.clone(),
+            hidden: self.hidden.clone(),
+            normed: self.normed.clone(),
+            zx: self.zx.clone(),
+            xa: self.xa.clone(),
+            y: self.y.clone(),
+            normed_y: self.normed_y.clone(),
+            rstd: self.rstd.clone(),
+            mixed: self.mixed.clone(),
+            helper: self.helper.as_ref().and_then(|_| Helper::start()),
+        }
+    }
+}
+
+impl<T: HostFloat> StreamingState<T> {
+    /// Turns the helper thread on or off. [`StreamingStack::zero_state`] turns it on where the
+    /// stack's weights exceed [`HELPER_ABOVE_BYTES`], the machine has two cores, and the CPU has
+    /// the vector loops the split product uses; `true` here still needs the latter two.
+    /// While on, the helper spins on its core between steps (parking after 2 ms without work).
+    pub fn with_helper(mut self, on: bool) -> Self {
+        self.helper = if on && panels_usable::<T>() { self.helper.or_else(Helper::start) } else { None };
+        self
+    }
+
+    /// Whether a helper thread takes part in the steps.
+    pub fn has_helper(&self) -> bool {
+        self.helper.is_some()
+    }
+}
+
+/// Weight bytes above which [`StreamingStack::zero_state`] starts a helper thread: about where
+/// one core's L2 cache stops holding the weights.
+pub const HELPER_ABOVE_BYTES: usize = 1 << 20;
+
+/// Whether weights are packed in panels for the vector product (AVX-512).
+fn panels_usable<T: HostFloat>() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::simd::usable::<T>(T::W);
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
@@ -67,8 +120,15 @@ fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
 }
 
 fn linear<B: Backend, T: HostFloat>(l: &burn::nn::Linear<B>) -> Linear<T> {
-    let d_out = l.weight.dims()[1];
-    Linear { weight: host(l.weight.val()), bias: l.bias.as_ref().map(|b| host(b.val())), d_out }
+    let [d_in, d_out] = l.weight.dims();
+    let weight = host(l.weight.val());
+    #[cfg(target_arch = "x86_64")]
+    if panels_usable::<T>() {
+        let weight = crate::simd::pack_panels(&weight, d_in, d_out);
+        return Linear { weight, panels: true, bias: l.bias.as_ref().map(|b| host(b.val())), d_out };
+    }
+    let _ = d_in;
+    Linear { weight, panels: false, bias: l.bias.as_ref().map(|b| host(b.val())), d_out }
 }
 
 impl<T: HostFloat> StreamingStack<T> {
@@ -126,7 +186,15 @@ impl<T: HostFloat> StreamingStack<T> {
             normed_y: vec![T::zero(); di],
             rstd: vec![T::zero(); c.ngroups],
             mixed: vec![T::zero(); d],
+            helper: None,
         }
+        .with_helper(self.weight_bytes() > HELPER_ABOVE_BYTES)
+    }
+
+    /// Bytes of the weights one step reads.
+    fn weight_bytes(&self) -> usize {
+        let per_layer = |l: &Layer<T>| l.in_proj.weight.len() + l.out_proj.weight.len() + l.conv_wt.len();
+        self.layers.iter().map(per_layer).sum::<usize>() * std::mem::size_of::<T>()
     }
 
     /// The state of a tensor model (after a prefill with `forward`, say), copied to the host.
@@ -195,7 +263,7 @@ impl<T: HostFloat> StreamingStack<T> {
         let c = &self.config;
         let (h, p, g, n, di, cd, k) = (c.nheads(), c.headdim, c.ngroups, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
         rms_norm(&st.hidden, &layer.norm, c.norm_eps, &mut st.normed);
-        matvec(&st.normed, &layer.in_proj, &mut st.zx);
+        matvec(&st.normed, &layer.in_proj, &mut st.zx, st.helper.as_ref());
 
         // Convolution over the stored k - 1 rows and this one; then shift the window.
         let tail = &mut st.conv[li][row * (k - 1) * cd..(row + 1) * (k - 1) * cd];
@@ -234,7 +302,7 @@ impl<T: HostFloat> StreamingStack<T> {
 
         // Gated group-wise norm, out_proj, residual.
         gated_norm_row(&dims, &st.y, &st.zx[..di], &layer.gated_norm, &mut st.normed_y, &mut st.rstd);
-        matvec(&st.normed_y, &layer.out_proj, &mut st.mixed);
+        matvec(&st.normed_y, &layer.out_proj, &mut st.mixed, st.helper.as_ref());
         for (hv, &m) in st.hidden.iter_mut().zip(&st.mixed) {
             *hv = *hv + m;
         }
@@ -274,9 +342,18 @@ multiversion! {
     }
 }
 
-fn matvec<T: HostFloat>(x: &[T], l: &Linear<T>, out: &mut [T]) {
+fn matvec<T: HostFloat>(x: &[T], l: &Linear<T>, out: &mut [T], helper: Option<&Helper<T>>) {
     debug_assert_eq!(out.len(), l.d_out);
-    matvec_rows(x, &l.weight, out);
+    if l.panels {
+        #[cfg(target_arch = "x86_64")]
+        match helper {
+            Some(helper) => helper.matvec(x, &l.weight, out),
+            // SAFETY: panels are only packed when the CPU has AVX-512, for these sizes.
+            None => unsafe { crate::simd::matvec_panels(x, &l.weight, out) },
+        }
+    } else {
+        matvec_rows(x, &l.weight, out);
+    }
     if let Some(b) = &l.bias {
         for (o, &bv) in out.iter_mut().zip(b) {
             *o = *o + bv;

@@ -14,12 +14,15 @@ fn configs() -> Vec<(&'static str, Mamba2Config)> {
         ("G2 bias", tiny_config(2)),
         ("D per channel, norm first, dt limit", tiny_config(1).with_d_has_hdim(true).with_norm_before_gate(true).with_dt_limit_hi(Some(0.05))),
         ("no conv bias, 3 layers", Mamba2Config::new(8, 3).with_d_state(16).with_headdim(4).with_conv_bias(false)),
+        // in_proj's 296 outputs are several column panels, split between the two threads.
+        ("wider", Mamba2Config::new(64, 1).with_d_state(16).with_headdim(16)),
     ]
 }
 
 /// Prefill with `forward`, then `steps` rows with the tensor model's `step` and with the host
-/// path started from the prefill's state; returns the worst relative difference per step.
-fn compare<B: Backend, T: HostFloat>(config: &Mamba2Config, batch: usize, steps: usize) -> f64 {
+/// path started from the prefill's state, with or without its helper thread; returns the worst
+/// relative difference per step.
+fn compare<B: Backend, T: HostFloat>(config: &Mamba2Config, batch: usize, steps: usize, helper: bool) -> f64 {
     let device = Default::default();
     B::seed(&device, 11);
     let stack = Mamba2Stack::<B>::init(config, &device).unwrap();
@@ -29,7 +32,7 @@ fn compare<B: Backend, T: HostFloat>(config: &Mamba2Config, batch: usize, steps:
     let (_, mut state) = stack.forward(prefix, None).unwrap();
 
     let host = StreamingStack::<T>::new(&stack);
-    let mut hstate = host.state_from(&state).unwrap();
+    let mut hstate = host.state_from(&state).unwrap().with_helper(helper);
     let mut out = vec![T::from_elem(0.0); batch * d];
     let mut worst = 0.0f64;
     for t in 0..steps {
@@ -53,9 +56,9 @@ fn compare<B: Backend, T: HostFloat>(config: &Mamba2Config, batch: usize, steps:
 #[test]
 fn host_steps_equal_tensor_steps_in_f64() {
     for (name, config) in configs() {
-        for batch in [1, 3] {
-            let d = compare::<NdF64, f64>(&config, batch, 40);
-            assert!(d <= 1e-10, "{name}, batch {batch}: host step differs by {d:e}");
+        for (batch, helper) in [(1, false), (3, false), (1, true), (3, true)] {
+            let d = compare::<NdF64, f64>(&config, batch, 40, helper);
+            assert!(d <= 1e-10, "{name}, batch {batch}, helper {helper}: host step differs by {d:e}");
         }
     }
 }
@@ -63,8 +66,10 @@ fn host_steps_equal_tensor_steps_in_f64() {
 #[test]
 fn host_steps_equal_tensor_steps_in_f32() {
     for (name, config) in configs() {
-        let d = compare::<FlexF32, f32>(&config, 2, 40);
-        assert!(d <= 1e-4, "{name}: host step differs by {d:e}");
+        for helper in [false, true] {
+            let d = compare::<FlexF32, f32>(&config, 2, 40, helper);
+            assert!(d <= 1e-4, "{name}, helper {helper}: host step differs by {d:e}");
+        }
     }
 }
 

@@ -28,8 +28,13 @@ def main():
     ap.add_argument("--min-time", type=float, default=3.0)
     a = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS="2")
+    sweep_file = ROOT / "target" / "sweep_interleaved.json"
     if not a.skip_rust:
         subprocess.run(["cargo", "bench", "-p", "mamba2-train", "--bench", "speed"], cwd=ROOT, env=env, check=True)
+        # The length sweep again, round-robin over the lengths: what the flatness figures use.
+        subprocess.run(["cargo", "bench", "-p", "mamba2-train", "--bench", "speed"], cwd=ROOT, check=True,
+                       env=dict(env, MAMBA2_SWEEP_OUT=str(sweep_file)))
+    interleaved = {r["len"]: r for r in json.loads(sweep_file.read_text())}
 
     def torch(*args):
         out = subprocess.run([sys.executable, str(ROOT / "tools/reference/bench_torch.py"), "--threads", "2",
@@ -54,16 +59,18 @@ def main():
                          torch_chunk=r.get("chunk")))
     sweep = []
     for r in t_sweep:
-        s = rust_seconds("speed_flex_f32", "forward_len", r["seq"])
+        s = interleaved[r["seq"]]["median_s"]
         sweep.append(dict(len=r["seq"], rust_tok_s=r["seq"] / s, torch_tok_s=r["tokens_per_s"],
-                          rust_us_per_token=s / r["seq"] * 1e6, torch_chunk=r["chunk"]))
+                          rust_us_per_token=s / r["seq"] * 1e6, torch_chunk=r["chunk"],
+                          rust_min_us_per_token=interleaved[r["seq"]]["min_s"] / r["seq"] * 1e6,
+                          rust_criterion_us_per_token=rust_seconds("speed_flex_f32", "forward_len", r["seq"]) / r["seq"] * 1e6))
 
     print(f"{'config':<10} {'what':<8} {'dtype':<5} {'rust tok/s':>12} {'torch tok/s':>12} {'ratio':>7}")
     for r in rows:
         print(f"{r['config']:<10} {r['what']:<8} {r['dtype']:<5} {r['rust_tok_s']:>12.0f} {r['torch_tok_s']:>12.0f} {r['ratio']:>6.2f}x")
         if r["what"] == "step":
             print(f"{'':<10} step time: rust {r['rust_s'] * 1e6:.1f} us, torch {r['torch_s'] * 1e6:.1f} us")
-    print("\nforward, medium width, batch 1 (f32):")
+    print("\nforward, medium width, batch 1 (f32; rust: median of the round-robin sweep):")
     base = sweep[0]["rust_us_per_token"]
     for r in sweep:
         print(f"  L {r['len']:>6}: rust {r['rust_tok_s']:>9.0f} tok/s ({r['rust_us_per_token']:.2f} us/token, "

@@ -5,6 +5,9 @@
 //! `python3 tools/reference/bench_compare.py`, which runs this bench and HF transformers' torch
 //! path on the same configs in one go and prints tokens/s for both and their ratio.
 //!
+//! `MAMBA2_SWEEP_OUT=file cargo bench -p mamba2-train --bench speed` runs only the length sweep,
+//! round-robin over the lengths ([`interleaved_sweep`]), and writes its figures to `file`.
+//!
 //! The model is [`Mamba2Stack`] fed `[batch, L, d_model]` directly, like HF's `Mamba2Model` with
 //! `inputs_embeds`; the loss is `mean(h^2)` of its output.
 
@@ -16,7 +19,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use mamba2_model::{with_generic_path, HostFloat, Mamba2Config, Mamba2Stack, StreamingStack};
 use mamba2_optim::{AdamW, AdamWConfig};
 
@@ -143,5 +146,52 @@ fn benches(c: &mut Criterion) {
     length_sweep::<Flex>(c, "flex_f32");
 }
 
+/// Rounds of [`interleaved_sweep`], after one warm-up round.
+const ROUNDS: usize = 18;
+
+/// The length sweep measured round-robin: each round runs every length once, so that this VM's
+/// drifts in speed (up to 2x over minutes) fall on every length alike instead of on whichever
+/// length criterion happened to be measuring. Writes the median and the fastest seconds per
+/// forward for each length as JSON to `out`.
+fn interleaved_sweep(out: &str) {
+    let device = Default::default();
+    let config = sizes()[1].config.clone();
+    <Flex as Backend>::seed(&device, 0);
+    let stack = Mamba2Stack::<Flex>::init(&config, &device).unwrap();
+    let xs: Vec<Tensor<Flex, 3>> = SWEEP
+        .iter()
+        .map(|&len| Tensor::random([1, len, config.d_model], Distribution::Normal(0.0, 1.0), &device))
+        .collect();
+    let mut times = vec![Vec::with_capacity(ROUNDS); SWEEP.len()];
+    for round in 0..=ROUNDS {
+        // Each round starts at another length, so that none is always the one after the longest.
+        for i in (0..SWEEP.len()).map(|i| (i + round) % SWEEP.len()) {
+            let start = std::time::Instant::now();
+            criterion::black_box(stack.forward(xs[i].clone(), None).unwrap().0.sum().into_data());
+            if round > 0 {
+                times[i].push(start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let rows: Vec<String> = SWEEP
+        .iter()
+        .zip(times.iter_mut())
+        .map(|(len, t)| {
+            t.sort_by(f64::total_cmp);
+            format!("{{\"len\": {len}, \"median_s\": {}, \"min_s\": {}}}", t[t.len() / 2], t[0])
+        })
+        .collect();
+    std::fs::write(out, format!("[{}]\n", rows.join(", "))).expect("the sweep's output file is writable");
+}
+
 criterion_group!(speed, benches);
-criterion_main!(speed);
+
+/// `criterion_main!`, plus the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file.
+fn main() {
+    if let Ok(out) = std::env::var("MAMBA2_SWEEP_OUT") {
+        interleaved_sweep(&out);
+        return;
+    }
+    speed();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -291,8 +291,8 @@ pub(crate) struct Saved<T> {
     y: Vec<T>,
     /// `1 / rms` per row and norm group, `[rows, ngroups]`.
     rstd: Vec<T>,
-    /// Scan states at the start of each segment, `[batch, nheads, segments, headdim * d_state]`.
-    seg_states: Vec<T>,
+    /// Scan states at the start of each segment, per `(batch, head)`: `[segments, headdim * d_state]`.
+    seg_states: Vec<Vec<T>>,
 }
 
 /// Gradients of every input of the core.
@@ -466,35 +466,39 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         })
         .collect();
 
+    // Each row's heads gathered into `y`, then the gated norm written straight into the packed
+    // output; batch entries and row blocks in parallel.
+    let ow = dims.out_width();
     let mut y = vec![T::zero(); rows * di];
-    let mut seg_states = Vec::with_capacity(dims.batch * h * nseg * p * n);
-    let mut out = vec![T::zero(); dims.batch * dims.out_width()];
-    for (bh, (yh, segs)) in per_head.into_iter().enumerate() {
-        let (b, hh) = (bh / h, bh % h);
-        for t in 0..l {
-            y[(b * l + t) * di + hh * p..(b * l + t) * di + (hh + 1) * p].copy_from_slice(&yh[t * p..(t + 1) * p]);
-        }
-        seg_states.extend_from_slice(&segs[..nseg * p * n]);
-        let fin = b * dims.out_width() + l * di + hh * p * n;
-        out[fin..fin + p * n].copy_from_slice(&segs[nseg * p * n..]);
-    }
-
-    // The gated norm, row by row, written into the packed output.
     let mut rstd = vec![T::zero(); rows * g];
-    let mut normed = vec![T::zero(); rows * di];
-    normed
-        .par_chunks_mut(ROWS_PER_TASK * di)
-        .zip(rstd.par_chunks_mut(ROWS_PER_TASK * g))
-        .enumerate()
-        .for_each(|(task, (normed, rstd))| {
-            for (i, (o, rs)) in normed.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..r * w + di], prm.norm_w, o, rs);
+    let mut out = vec![T::zero(); dims.batch * ow];
+    out.par_chunks_mut(ow).zip(y.par_chunks_mut(l * di)).zip(rstd.par_chunks_mut(l * g)).enumerate().for_each(
+        |(b, ((ob, yb), rb))| {
+            let (rows_out, fin) = ob.split_at_mut(l * di);
+            for hh in 0..h {
+                fin[hh * p * n..(hh + 1) * p * n].copy_from_slice(&per_head[b * h + hh].1[nseg * p * n..]);
             }
-        });
-    for b in 0..dims.batch {
-        out[b * dims.out_width()..b * dims.out_width() + l * di].copy_from_slice(&normed[b * l * di..(b + 1) * l * di]);
-    }
+            let blocks = rows_out.par_chunks_mut(ROWS_PER_TASK * di).zip(yb.par_chunks_mut(ROWS_PER_TASK * di));
+            blocks.zip(rb.par_chunks_mut(ROWS_PER_TASK * g)).enumerate().for_each(|(task, ((oc, yc), rc))| {
+                let rows_ = oc.chunks_mut(di).zip(yc.chunks_mut(di)).zip(rc.chunks_mut(g));
+                for (i, ((orow, yrow), rs)) in rows_.enumerate() {
+                    let t = task * ROWS_PER_TASK + i;
+                    for hh in 0..h {
+                        yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
+                    }
+                    let r = b * l + t;
+                    gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+                }
+            });
+        },
+    );
+    let seg_states = per_head
+        .into_iter()
+        .map(|(_, mut segs)| {
+            segs.truncate(nseg * p * n);
+            segs
+        })
+        .collect();
     (out, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
 }
 
@@ -638,8 +642,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
             for s in (0..nseg).rev() {
                 let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
                 // Recompute the states of this segment: states[i] is the state before step t0 + i.
-                let start = (bh * nseg + s) * p * n;
-                states[..p * n].copy_from_slice(&saved.seg_states[start..start + p * n]);
+                states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
                 for t in t0..t1 {
                     let r = b * l + t;
                     let row = &saved.xa[r * cd..(r + 1) * cd];
@@ -693,31 +696,12 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
         })
         .collect();
 
-    // Scatter the per-head gradients: x, B, C into gxa; dt through softplus and clamp into gzx.
-    let mut gxa = vec![T::zero(); rows * cd];
+    // Per head: h0, A and D.
     let mut h0 = vec![T::zero(); dims.batch * h * p * n];
     let mut a_log = vec![T::zero(); h];
     let mut d = vec![T::zero(); prm.d.len()];
-    let mut dt_bias = vec![T::zero(); h];
-    for (bh, hg) in per_head.into_iter().enumerate() {
-        let (b, hh) = (bh / h, bh % h);
-        let gi = hh / (h / g);
-        for t in 0..l {
-            let r = b * l + t;
-            let row = &mut gxa[r * cd..(r + 1) * cd];
-            row[hh * p..(hh + 1) * p].copy_from_slice(&hg.gx[t * p..(t + 1) * p]);
-            for ni in 0..n {
-                row[di + gi * n + ni] = row[di + gi * n + ni] + hg.gb[t * n + ni];
-                row[di + g * n + gi * n + ni] = row[di + g * n + gi * n + ni] + hg.gc[t * n + ni];
-            }
-            let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
-            let sp = softplus(v);
-            let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
-            let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
-            let graw = if passes { hg.gdt[t] * dsp } else { T::zero() };
-            gzx[r * w + di + cd + hh] = graw;
-            dt_bias[hh] = dt_bias[hh] + graw;
-        }
+    for (bh, hg) in per_head.iter().enumerate() {
+        let hh = bh % h;
         h0[bh * p * n..(bh + 1) * p * n].copy_from_slice(&hg.gh0);
         // d A / d A_log = A.
         a_log[hh] = a_log[hh] + hg.ga * a[hh];
@@ -729,6 +713,39 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
             d[hh] = d[hh] + hg.gd[0];
         }
     }
+    // Per row, in parallel: x, B, C of every head into gxa; dt through softplus and clamp into
+    // gzx, with partial sums for dt_bias.
+    let mut gxa = vec![T::zero(); rows * cd];
+    let dt_partials: Vec<Vec<T>> = gxa
+        .par_chunks_mut(ROWS_PER_TASK * cd)
+        .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
+        .enumerate()
+        .map(|(task, (gxa_c, gzx_c))| {
+            let mut dtb = vec![T::zero(); h];
+            for (i, (row, gzr)) in gxa_c.chunks_mut(cd).zip(gzx_c.chunks_mut(w)).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let (b, t) = (r / l, r % l);
+                for hh in 0..h {
+                    let hg = &per_head[b * h + hh];
+                    let gi = hh / (h / g);
+                    row[hh * p..(hh + 1) * p].copy_from_slice(&hg.gx[t * p..(t + 1) * p]);
+                    for ni in 0..n {
+                        row[di + gi * n + ni] = row[di + gi * n + ni] + hg.gb[t * n + ni];
+                        row[di + g * n + gi * n + ni] = row[di + g * n + gi * n + ni] + hg.gc[t * n + ni];
+                    }
+                    let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
+                    let sp = softplus(v);
+                    let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
+                    let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
+                    let graw = if passes { hg.gdt[t] * dsp } else { T::zero() };
+                    gzr[di + cd + hh] = graw;
+                    dtb[hh] = dtb[hh] + graw;
+                }
+            }
+            dtb
+        })
+        .collect();
+    let dt_bias = sum_partials(dt_partials, h);
 
     // SiLU, then the convolution: gradient of the pre-convolution rows (gathered, so that each
     // task writes only its own rows), of the tail, and partial sums for the weight and bias.

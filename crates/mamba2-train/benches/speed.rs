@@ -152,7 +152,7 @@ const ROUNDS: usize = 18;
 /// The length sweep measured round-robin: each round runs every length once, so that this VM's
 /// drifts in speed (up to 2x over minutes) fall on every length alike instead of on whichever
 /// length criterion happened to be measuring. Writes the median and the fastest seconds per
-/// forward for each length as JSON to `out`.
+/// forward for each length, and every round's time sorted, as JSON to `out`.
 fn interleaved_sweep(out: &str) {
     let device = Default::default();
     let config = sizes()[1].config.clone();
@@ -178,7 +178,8 @@ fn interleaved_sweep(out: &str) {
         .zip(times.iter_mut())
         .map(|(len, t)| {
             t.sort_by(f64::total_cmp);
-            format!("{{\"len\": {len}, \"median_s\": {}, \"min_s\": {}}}", t[t.len() / 2], t[0])
+            let all: Vec<String> = t.iter().map(|v| format!("{v:.6}")).collect();
+            format!("{{\"len\": {len}, \"median_s\": {}, \"min_s\": {}, \"sorted_s\": [{}]}}", t[t.len() / 2], t[0], all.join(", "))
         })
         .collect();
     std::fs::write(out, format!("[{}]\n", rows.join(", "))).expect("the sweep's output file is writable");

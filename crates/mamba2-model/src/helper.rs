@@ -99,16 +99,37 @@ impl<T: HostFloat> Helper<T> {
                 t.thread().unpark();
             }
         }
+        // Waits for the helper on the way out, unwinding included: its job points into `out`.
+        let finish = Finish { helper: self, job: n };
         // SAFETY: panels are only packed where the CPU has AVX-512 (the caller checked).
         unsafe { crate::simd::matvec_panels(x, my_panels, mine) };
+        drop(finish);
+        assert!(self.shared.finished.load(Ordering::Acquire) >= n, "the streaming helper thread has stopped");
+    }
+
+    /// Spins until job `n` is finished, or until the helper thread is gone (which a panic on
+    /// it would cause; it writes nothing after that).
+    fn wait(&self, n: usize) {
         let mut spins = 0u32;
         while self.shared.finished.load(Ordering::Acquire) < n {
             spins = spins.wrapping_add(1);
             if spins % 4096 == 0 && self.thread.as_ref().is_none_or(|t| t.is_finished()) {
-                panic!("the streaming helper thread has stopped");
+                return;
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+/// Waits for a posted job when dropped.
+struct Finish<'a, T: HostFloat> {
+    helper: &'a Helper<T>,
+    job: usize,
+}
+
+impl<T: HostFloat> Drop for Finish<'_, T> {
+    fn drop(&mut self) {
+        self.helper.wait(self.job);
     }
 }
 

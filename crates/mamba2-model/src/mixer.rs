@@ -46,6 +46,24 @@ pub struct Mamba2Mixer<B: Backend> {
 /// The longest sequence one mixer call processes at once; longer ones run in pieces.
 pub const MAX_PIECE: usize = 512;
 
+/// `x` cut along the sequence into pieces of at most [`MAX_PIECE`] rows; `x` itself, as the one
+/// piece, when it is no longer (an empty sequence included).
+pub(crate) fn pieces<B: Backend>(x: Tensor<B, 3>) -> Vec<Tensor<B, 3>> {
+    let len = x.dims()[1];
+    if len <= MAX_PIECE {
+        return vec![x];
+    }
+    (0..len).step_by(MAX_PIECE).map(|start| x.clone().narrow(1, start, MAX_PIECE.min(len - start))).collect()
+}
+
+/// The pieces' outputs joined back along the sequence.
+pub(crate) fn join_pieces<B: Backend>(mut outs: Vec<Tensor<B, 3>>) -> Tensor<B, 3> {
+    if outs.len() == 1 {
+        return outs.pop().expect("one piece");
+    }
+    Tensor::cat(outs, 1)
+}
+
 /// The kernel's view of a config, for `batch` rows of `len` steps.
 pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
     let (lo, hi) = c.dt_limit();
@@ -195,18 +213,14 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        let len = u.dims()[1];
-        if len <= MAX_PIECE {
-            return self.forward_piece(u, state);
-        }
         let mut state = state;
-        let mut outs = Vec::with_capacity(len.div_ceil(MAX_PIECE));
-        for start in (0..len).step_by(MAX_PIECE) {
-            let (y, next) = self.forward_piece(u.clone().narrow(1, start, MAX_PIECE.min(len - start)), state)?;
+        let mut outs = Vec::new();
+        for piece in pieces(u) {
+            let (y, next) = self.forward_piece(piece, state)?;
             outs.push(y);
             state = Some(next);
         }
-        Ok((Tensor::cat(outs, 1), state.expect("at least one piece")))
+        Ok((join_pieces(outs), state.expect("at least one piece")))
     }
 
     fn forward_piece(

@@ -2,7 +2,8 @@ use burn::prelude::*;
 
 use crate::block::Mamba2Block;
 use crate::norm::RmsNorm;
-use crate::{Mamba2Config, Mamba2State, ModelError, MAX_PIECE};
+use crate::mixer::{join_pieces, pieces};
+use crate::{Mamba2Config, Mamba2State, ModelError};
 
 /// The residual stack: `n_layer` blocks and a final RMS norm, from `[batch, L, d_model]` to
 /// `[batch, L, d_model]`. The heads ([`Mamba2TimeSeries`](crate::Mamba2TimeSeries),
@@ -48,7 +49,7 @@ impl<B: Backend> Mamba2Stack<B> {
 
     /// The stack over a sequence, continuing from `state` (zeros when `None`).
     ///
-    /// Sequences longer than [`MAX_PIECE`] rows run piece by piece through all the layers, each
+    /// Sequences longer than [`MAX_PIECE`](crate::MAX_PIECE) rows run piece by piece through all the layers, each
     /// piece continuing from the states the last one left: the same function, but every
     /// intermediate tensor is one piece long, so it stays in cache and in the allocator's
     /// reusable range, and the time per token does not grow with `L`.
@@ -56,7 +57,7 @@ impl<B: Backend> Mamba2Stack<B> {
     /// # Shapes
     /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]` (after the final norm)
     pub fn forward(&self, h: Tensor<B, 3>, state: Option<Mamba2State<B>>) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
-        let [batch, len, _] = h.dims();
+        let batch = h.dims()[0];
         let mut states: Vec<_> = match state {
             Some(s) => {
                 self.check_state(&s, batch)?;
@@ -64,9 +65,8 @@ impl<B: Backend> Mamba2Stack<B> {
             }
             None => vec![None; self.layers.len()],
         };
-        let mut outs = Vec::with_capacity(len.div_ceil(MAX_PIECE));
-        for start in (0..len).step_by(MAX_PIECE) {
-            let mut piece = if len <= MAX_PIECE { h.clone() } else { h.clone().narrow(1, start, MAX_PIECE.min(len - start)) };
+        let mut outs = Vec::new();
+        for mut piece in pieces(h) {
             for (layer, s) in self.layers.iter().zip(states.iter_mut()) {
                 let (next, after) = layer.forward(piece, s.take())?;
                 piece = next;
@@ -74,7 +74,7 @@ impl<B: Backend> Mamba2Stack<B> {
             }
             outs.push(self.norm_f.forward(piece, self.config.norm_eps));
         }
-        let out = if outs.len() == 1 { outs.pop().expect("one piece") } else { Tensor::cat(outs, 1) };
+        let out = join_pieces(outs);
         let layers = states.into_iter().map(|s| s.expect("every layer ran at least once")).collect();
         Ok((out, Mamba2State { layers }))
     }

@@ -47,8 +47,9 @@ pub struct StreamingStack<T: HostFloat> {
 
 /// The recurrent state of a [`StreamingStack`] for `batch` independent streams, with the scratch
 /// space one step needs and, for stacks whose weights outgrow a core's cache, a helper thread
-/// that takes half of each matrix-vector product ([`StreamingState::with_helper`]).
-#[derive(Debug)]
+/// that takes half of each matrix-vector product ([`StreamingState::with_helper`]). A clone
+/// starts its own helper thread if this one has one.
+#[derive(Debug, Clone)]
 pub struct StreamingState<T: HostFloat> {
     batch: usize,
     /// Per layer: `[batch, d_conv - 1, conv_dim]`, oldest row first.
@@ -64,26 +65,16 @@ pub struct StreamingState<T: HostFloat> {
     /// `1 / rms` per norm group, which the step does not need but the shared norm writes.
     rstd: Vec<T>,
     mixed: Vec<T>,
-    helper: Option<Helper<T>>,
+    helper: HelperSlot<T>,
 }
 
-impl<T: HostFloat> Clone for StreamingState<T> {
-    /// The same state; the copy starts its own helper thread if this one has one.
+/// The optional helper thread; a clone starts its own helper if this one has one.
+#[derive(Debug)]
+struct HelperSlot<T: HostFloat>(Option<Helper<T>>);
+
+impl<T: HostFloat> Clone for HelperSlot<T> {
     fn clone(&self) -> Self {
-        Self {
-            batch: self.batch,
-            conv: self.conv.clone(),
-            ssm: self.ssm.clone(),
-            hidden: self.hidden.clone(),
-            normed: self.normed.clone(),
-            zx: self.zx.clone(),
-            xa: self.xa.clone(),
-            y: self.y.clone(),
-            normed_y: self.normed_y.clone(),
-            rstd: self.rstd.clone(),
-            mixed: self.mixed.clone(),
-            helper: self.helper.as_ref().and_then(|_| Helper::start()),
-        }
+        Self(self.0.as_ref().and_then(|_| Helper::start()))
     }
 }
 
@@ -93,13 +84,13 @@ impl<T: HostFloat> StreamingState<T> {
     /// the vector loops the split product uses; `true` here still needs the latter two.
     /// While on, the helper spins on its core between steps (parking after 2 ms without work).
     pub fn with_helper(mut self, on: bool) -> Self {
-        self.helper = if on && panels_usable::<T>() { self.helper.or_else(Helper::start) } else { None };
+        self.helper.0 = if on && panels_usable::<T>() { self.helper.0.or_else(Helper::start) } else { None };
         self
     }
 
     /// Whether a helper thread takes part in the steps.
     pub fn has_helper(&self) -> bool {
-        self.helper.is_some()
+        self.helper.0.is_some()
     }
 }
 
@@ -186,7 +177,7 @@ impl<T: HostFloat> StreamingStack<T> {
             normed_y: vec![T::zero(); di],
             rstd: vec![T::zero(); c.ngroups],
             mixed: vec![T::zero(); d],
-            helper: None,
+            helper: HelperSlot(None),
         }
         .with_helper(self.weight_bytes() > HELPER_ABOVE_BYTES)
     }
@@ -263,7 +254,7 @@ impl<T: HostFloat> StreamingStack<T> {
         let c = &self.config;
         let (h, p, g, n, di, cd, k) = (c.nheads(), c.headdim, c.ngroups, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
         rms_norm(&st.hidden, &layer.norm, c.norm_eps, &mut st.normed);
-        matvec(&st.normed, &layer.in_proj, &mut st.zx, st.helper.as_ref());
+        matvec(&st.normed, &layer.in_proj, &mut st.zx, st.helper.0.as_ref());
 
         // Convolution over the stored k - 1 rows and this one; then shift the window.
         let tail = &mut st.conv[li][row * (k - 1) * cd..(row + 1) * (k - 1) * cd];
@@ -302,7 +293,7 @@ impl<T: HostFloat> StreamingStack<T> {
 
         // Gated group-wise norm, out_proj, residual.
         gated_norm_row(&dims, &st.y, &st.zx[..di], &layer.gated_norm, &mut st.normed_y, &mut st.rstd);
-        matvec(&st.normed_y, &layer.out_proj, &mut st.mixed, st.helper.as_ref());
+        matvec(&st.normed_y, &layer.out_proj, &mut st.mixed, st.helper.0.as_ref());
         for (hv, &m) in st.hidden.iter_mut().zip(&st.mixed) {
             *hv = *hv + m;
         }

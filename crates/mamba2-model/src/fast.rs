@@ -1,5 +1,7 @@
-//! Routes the mixer's core to the CPU kernel ([`crate::kernel`]) on the CPU backends, with a
-//! hand-written backward registered in Burn's autodiff graph.
+//! Routes the whole mixer (`in_proj`, the core in [`crate::kernel`], `out_proj`) to host code on
+//! the CPU backends, with a hand-written backward registered in Burn's autodiff graph as one node.
+//! The projections run on the `gemm` crate into buffers this module owns, so that no Burn tensor
+//! is allocated, zero-filled and copied between the mixer's stages.
 //!
 //! The model stays generic over `B: Backend`; the choice is made at run time from the concrete
 //! backend type (`Flex`, `NdArray<f32>`, `NdArray<f64>` and their `Autodiff` wrappers). Every
@@ -20,7 +22,10 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::prelude::*;
 use burn::tensor::{Element, TensorData, TensorPrimitive};
 
-use crate::kernel::{self, Dims, Inputs, Params, HostFloat};
+use rayon::prelude::*;
+
+use crate::kernel::{self, Dims, HostFloat, Inputs, Params};
+use crate::matmul::{column_sums, matmul, Mat};
 
 thread_local! {
     static GENERIC_ONLY: Cell<bool> = const { Cell::new(false) };
@@ -39,11 +44,15 @@ pub fn with_generic_path<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// The core's inputs as tensors; the optional ones are absent rather than zero-filled.
-pub(crate) struct CoreArgs<B: Backend> {
+/// The mixer's inputs as tensors, in the order of the autodiff node's parents; the optional ones
+/// are absent rather than zero-filled.
+pub(crate) struct MixerArgs<B: Backend> {
     pub dims: Dims,
-    /// `[batch, L, width]`.
-    pub zx: Tensor<B, 3>,
+    /// `[batch, L, d_model]`.
+    pub u: Tensor<B, 3>,
+    /// `in_proj`: `[d_model, width]` (Burn's layout) and `[width]`.
+    pub in_w: Tensor<B, 2>,
+    pub in_b: Option<Tensor<B, 1>>,
     /// `[batch, d_conv - 1, conv_dim]`.
     pub tail: Option<Tensor<B, 3>>,
     /// `[batch, nheads, headdim, d_state]`.
@@ -55,23 +64,35 @@ pub(crate) struct CoreArgs<B: Backend> {
     pub a_log: Tensor<B, 1>,
     pub d: Tensor<B, 1>,
     pub norm_w: Tensor<B, 1>,
+    /// `out_proj`: `[d_inner, d_model]` and `[d_model]`.
+    pub out_w: Tensor<B, 2>,
+    pub out_b: Option<Tensor<B, 1>>,
 }
 
-/// The core on the CPU kernel when the backend has it: the packed output
-/// `[batch, L * d_inner + nheads * headdim * d_state]` (normed `y`, then the final scan state).
-/// Gives the arguments back when the generic path must run.
-pub(crate) fn try_core<B: Backend>(args: CoreArgs<B>) -> Result<Tensor<B, 2>, CoreArgs<B>> {
+/// What the mixer gives back: its output and the state after the last step.
+pub(crate) struct MixerOut<B: Backend> {
+    /// `[batch, L, d_model]`.
+    pub y: Tensor<B, 3>,
+    /// `[batch, nheads, headdim, d_state]`.
+    pub ssm: Tensor<B, 4>,
+    /// `[batch, d_conv - 1, conv_dim]`.
+    pub conv: Tensor<B, 3>,
+}
+
+/// The whole mixer (`in_proj` to `out_proj`) on the CPU kernel when the backend has it. Gives
+/// the arguments back when the generic path must run.
+pub(crate) fn try_mixer<B: Backend>(args: MixerArgs<B>) -> Result<MixerOut<B>, MixerArgs<B>> {
     if GENERIC_ONLY.with(Cell::get) {
         return Err(args);
     }
     let boxed: Box<dyn Any> = Box::new(args);
     macro_rules! route {
         ($boxed:ident, $backend:ty, $run:expr) => {
-            let $boxed = match $boxed.downcast::<CoreArgs<$backend>>() {
+            let $boxed = match $boxed.downcast::<MixerArgs<$backend>>() {
                 Ok(args) => {
-                    let out: Tensor<$backend, 2> = $run(*args);
+                    let out: MixerOut<$backend> = $run(*args);
                     let out: Box<dyn Any> = Box::new(out);
-                    return Ok(*out.downcast::<Tensor<B, 2>>().expect("same type as the arguments"));
+                    return Ok(*out.downcast::<MixerOut<B>>().expect("same type as the arguments"));
                 }
                 Err(other) => other,
             };
@@ -83,7 +104,7 @@ pub(crate) fn try_core<B: Backend>(args: CoreArgs<B>) -> Result<Tensor<B, 2>, Co
     route!(boxed, Flex, plain::<Flex, f32>);
     route!(boxed, NdArray<f64>, plain::<NdArray<f64>, f64>);
     route!(boxed, NdArray<f32>, plain::<NdArray<f32>, f32>);
-    Err(*boxed.downcast::<CoreArgs<B>>().expect("the arguments' own type"))
+    Err(*boxed.downcast::<MixerArgs<B>>().expect("the arguments' own type"))
 }
 
 /// A float primitive's values on the host: the tensor's own buffer, read in place, when it holds
@@ -128,7 +149,9 @@ fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: 
 #[derive(Debug)]
 struct HostArgs<T> {
     dims: Dims,
-    zx: HostBuf<T>,
+    u: HostBuf<T>,
+    in_w: HostBuf<T>,
+    in_b: Option<HostBuf<T>>,
     tail: Option<HostBuf<T>>,
     h0: Option<HostBuf<T>>,
     conv_w: HostBuf<T>,
@@ -137,16 +160,26 @@ struct HostArgs<T> {
     a_log: HostBuf<T>,
     d: HostBuf<T>,
     norm_w: HostBuf<T>,
+    out_w: HostBuf<T>,
+    out_b: Option<HostBuf<T>>,
 }
+
+const PARENTS: usize = 13;
+
+/// Which parents may be absent: `in_b`, `tail`, `h0`, `conv_b`, `out_b`.
+const OPTIONAL: [bool; PARENTS] = [false, false, true, true, true, false, true, false, false, false, false, false, true];
 
 impl<T: HostFloat> HostArgs<T> {
     /// From the inputs in the order of the autodiff node's parents, `None` for an absent one.
     fn new<B: Backend>(dims: Dims, parts: [Option<B::FloatTensorPrimitive>; PARENTS]) -> Self {
-        let [zx, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w] = parts.map(|t| t.map(host::<B, T>));
-        let required = |v: Option<HostBuf<T>>| v.expect("zx and the parameters other than conv_b are always given");
+        let [u, in_w, in_b, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w, out_w, out_b] =
+            parts.map(|t| t.map(host::<B, T>));
+        let required = |v: Option<HostBuf<T>>| v.expect("the input and the weights are always given");
         Self {
             dims,
-            zx: required(zx),
+            u: required(u),
+            in_w: required(in_w),
+            in_b,
             tail,
             h0,
             conv_w: required(conv_w),
@@ -155,10 +188,9 @@ impl<T: HostFloat> HostArgs<T> {
             a_log: required(a_log),
             d: required(d),
             norm_w: required(norm_w),
+            out_w: required(out_w),
+            out_b,
         }
-    }
-    fn inputs(&self) -> Inputs<'_, T> {
-        Inputs { zx: self.zx.get(), tail: self.tail.as_ref().map(HostBuf::get), h0: self.h0.as_ref().map(HostBuf::get) }
     }
     fn params(&self) -> Params<'_, T> {
         Params {
@@ -170,67 +202,216 @@ impl<T: HostFloat> HostArgs<T> {
             norm_w: self.norm_w.get(),
         }
     }
+    fn inputs<'a>(&'a self, zx: &'a [T]) -> Inputs<'a, T> {
+        Inputs { zx, tail: self.tail.as_ref().map(HostBuf::get), h0: self.h0.as_ref().map(HostBuf::get) }
+    }
+}
+
+impl<B: Backend> MixerArgs<B> {
+    /// The inputs in the order of the autodiff node's parents, `None` for an absent one.
+    fn parts(self) -> (Dims, [Option<Tensor<B, 2>>; PARENTS]) {
+        fn flat<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, 2> {
+            let n = t.shape().num_elements();
+            t.reshape([1, n])
+        }
+        let parts = [
+            Some(flat(self.u)),
+            Some(self.in_w),
+            self.in_b.map(flat),
+            self.tail.map(flat),
+            self.h0.map(flat),
+            Some(self.conv_w),
+            self.conv_b.map(flat),
+            Some(flat(self.dt_bias)),
+            Some(flat(self.a_log)),
+            Some(flat(self.d)),
+            Some(flat(self.norm_w)),
+            Some(self.out_w),
+            self.out_b.map(flat),
+        ];
+        (self.dims, parts)
+    }
+}
+
+/// What the forward keeps for the backward, beyond the inputs.
+#[derive(Debug)]
+struct MixerSaved<T> {
+    /// The `in_proj` output, `[rows, width]`.
+    zx: Vec<T>,
+    /// The gated norm's output, the `out_proj` input, `[rows, d_inner]`.
+    normed: Vec<T>,
+    core: kernel::Saved<T>,
+}
+
+/// Lengths of the three parts of the packed output: `y`, the final scan state, the conv tail.
+fn packed_parts(dims: &Dims) -> [usize; 3] {
+    [dims.rows() * dims.d_model, dims.batch * dims.state_len(), dims.batch * (dims.d_conv - 1) * dims.conv_dim()]
+}
+
+/// The source of the conv tail's row `s` for batch `b`: the last `d_conv - 1` pre-convolution
+/// rows of the old tail followed by this call's rows. `Ok(row)` for a row of `zx`, `Err(row)`
+/// for a row of the old tail.
+fn tail_source(dims: &Dims, b: usize, s: usize) -> Result<usize, usize> {
+    let k1 = dims.d_conv - 1;
+    let j = dims.len + s;
+    if j >= k1 {
+        Ok(b * dims.len + j - k1)
+    } else {
+        Err(b * k1 + j)
+    }
+}
+
+/// The mixer's forward on host buffers: the packed output `[y | final state | conv tail]` and,
+/// with `keep`, what the backward needs.
+fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<MixerSaved<T>>) {
+    let dims = a.dims;
+    let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
+    let mut zx = vec![T::zero(); rows * w];
+    if let Some(bias) = &a.in_b {
+        zx.par_chunks_mut(w.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
+    }
+    matmul(&mut zx, rows, w, dm, Mat::rows(a.u.get(), dm), Mat::rows(a.in_w.get(), w), a.in_b.is_some());
+    let (normed, fin, core) = kernel::forward(&dims, &a.inputs(&zx), &a.params(), keep);
+
+    let [ny, ns, nt] = packed_parts(&dims);
+    let mut out = vec![T::zero(); ny + ns + nt];
+    let (y, rest) = out.split_at_mut(ny);
+    let (state, tail) = rest.split_at_mut(ns);
+    if let Some(bias) = &a.out_b {
+        y.par_chunks_mut(dm.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
+    }
+    matmul(y, rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm), a.out_b.is_some());
+    state.copy_from_slice(&fin);
+    for (i, row) in tail.chunks_mut(cd).enumerate() {
+        let (b, s) = (i / (dims.d_conv - 1), i % (dims.d_conv - 1));
+        match tail_source(&dims, b, s) {
+            Ok(r) => row.copy_from_slice(&zx[r * w + di..r * w + di + cd]),
+            Err(r) => {
+                if let Some(old) = &a.tail {
+                    row.copy_from_slice(&old.get()[r * cd..(r + 1) * cd]);
+                }
+            }
+        }
+    }
+    (out, keep.then_some(MixerSaved { zx, normed, core }))
+}
+
+/// The mixer's backward on host buffers: the gradient of every parent, given that of the
+/// packed output.
+fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[T]) -> [Vec<T>; PARENTS] {
+    let dims = a.dims;
+    let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
+    let [ny, ns, _] = packed_parts(&dims);
+    let (gy, rest) = gout.split_at(ny);
+    let (gfin, gtail_out) = rest.split_at(ns);
+
+    // out_proj: its weight, its bias, and the gradient reaching the norm's output.
+    let mut out_w = vec![T::zero(); di * dm];
+    matmul(&mut out_w, di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm), false);
+    let out_b = if a.out_b.is_some() { column_sums(gy, dm) } else { Vec::new() };
+    let mut gnormed = vec![T::zero(); rows * di];
+    matmul(&mut gnormed, rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w.get(), dm), false);
+
+    let mut g = kernel::backward(&dims, &a.inputs(&saved.zx), &a.params(), &saved.core, &gnormed, gfin);
+    drop(gnormed);
+    // The conv tail handed on is made of pre-convolution rows: its gradient goes back to them.
+    for (i, grow) in gtail_out.chunks(cd).enumerate() {
+        let (b, s) = (i / (dims.d_conv - 1), i % (dims.d_conv - 1));
+        let dst = match tail_source(&dims, b, s) {
+            Ok(r) => &mut g.zx[r * w + di..r * w + di + cd],
+            Err(r) => &mut g.tail[r * cd..(r + 1) * cd],
+        };
+        for (o, &v) in dst.iter_mut().zip(grow) {
+            *o = *o + v;
+        }
+    }
+
+    // in_proj: its weight, its bias, and the gradient of the input.
+    let mut in_w = vec![T::zero(); dm * w];
+    matmul(&mut in_w, dm, w, rows, Mat::transposed(a.u.get(), dm), Mat::rows(&g.zx, w), false);
+    let in_b = if a.in_b.is_some() { column_sums(&g.zx, w) } else { Vec::new() };
+    let mut u = vec![T::zero(); rows * dm];
+    matmul(&mut u, rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w), false);
+
+    [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b]
+}
+
+/// The parents' shapes, in order, for the gradients handed back to Burn.
+fn parent_shapes(a: &HostArgs<impl HostFloat>) -> [Vec<usize>; PARENTS] {
+    let dims = a.dims;
+    let (b, l, k, cd) = (dims.batch, dims.len, dims.d_conv, dims.conv_dim());
+    let (h, p, n, dm, w, di) = (dims.nheads, dims.headdim, dims.d_state, dims.d_model, dims.width(), dims.d_inner());
+    [
+        vec![1, b * l * dm],
+        vec![dm, w],
+        vec![1, w],
+        vec![1, b * (k - 1) * cd],
+        vec![1, b * h * p * n],
+        vec![cd, k],
+        vec![1, cd],
+        vec![1, h],
+        vec![1, h],
+        vec![1, a.d.get().len()],
+        vec![1, di],
+        vec![di, dm],
+        vec![1, dm],
+    ]
 }
 
 fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive {
     t.into_primitive().tensor()
 }
 
-/// The forward on a backend without autodiff.
-fn plain<B: Backend, T: HostFloat>(args: CoreArgs<B>) -> Tensor<B, 2> {
-    let device = args.zx.device();
-    let dims = args.dims;
-    let parts = [
-        Some(prim(args.zx)),
-        args.tail.map(prim),
-        args.h0.map(prim),
-        Some(prim(args.conv_w)),
-        args.conv_b.map(prim),
-        Some(prim(args.dt_bias)),
-        Some(prim(args.a_log)),
-        Some(prim(args.d)),
-        Some(prim(args.norm_w)),
-    ];
-    let host_args = HostArgs::<T>::new::<B>(dims, parts);
-    let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), false);
-    Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &device)))
+/// The packed output `[y | final state | conv tail]` as the mixer's three outputs.
+fn unpack<B: Backend>(dims: &Dims, packed: Tensor<B, 1>) -> MixerOut<B> {
+    let [ny, ns, nt] = packed_parts(dims);
+    let (b, l, k) = (dims.batch, dims.len, dims.d_conv);
+    MixerOut {
+        y: packed.clone().narrow(0, 0, ny).reshape([b, l, dims.d_model]),
+        ssm: packed.clone().narrow(0, ny, ns).reshape([b, dims.nheads, dims.headdim, dims.d_state]),
+        conv: packed.narrow(0, ny + ns, nt).reshape([b, k - 1, dims.conv_dim()]),
+    }
+}
+
+/// The forward on a backend without autodiff: each output its own tensor, no packed copy.
+fn plain<B: Backend, T: HostFloat>(args: MixerArgs<B>) -> MixerOut<B> {
+    let device = args.u.device();
+    let (dims, parts) = args.parts();
+    let host_args = HostArgs::<T>::new::<B>(dims, parts.map(|t| t.map(prim)));
+    let (mut y, _) = mixer_forward(&host_args, false);
+    let [ny, ns, _] = packed_parts(&dims);
+    let mut state = y.split_off(ny);
+    let conv = state.split_off(ns);
+    let (b, k) = (dims.batch, dims.d_conv);
+    fn tensor<B: Backend, T: HostFloat, const D: usize>(values: Vec<T>, shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+        Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(values, shape.to_vec(), device)))
+    }
+    MixerOut {
+        y: tensor::<B, T, 3>(y, [b, dims.len, dims.d_model], &device),
+        ssm: tensor::<B, T, 4>(state, [b, dims.nheads, dims.headdim, dims.d_state], &device),
+        conv: tensor::<B, T, 3>(conv, [b, k - 1, dims.conv_dim()], &device),
+    }
 }
 
 /// The backward node: holds the host inputs and what the forward saved.
 #[derive(Debug)]
-struct CoreBackward<T>(std::marker::PhantomData<T>);
+struct MixerBackward<T>(std::marker::PhantomData<T>);
 
 #[derive(Debug, Clone)]
-struct CoreState<T: HostFloat, D: Clone + Send + std::fmt::Debug + 'static> {
+struct NodeState<T: HostFloat, D: Clone + Send + std::fmt::Debug + 'static> {
     args: Arc<HostArgs<T>>,
-    saved: Arc<kernel::Saved<T>>,
+    saved: Arc<MixerSaved<T>>,
     device: D,
 }
 
-const PARENTS: usize = 9;
-
-impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for CoreBackward<T> {
-    type State = CoreState<T, B::Device>;
+impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for MixerBackward<T> {
+    type State = NodeState<T, B::Device>;
 
     fn backward(self, ops: Ops<Self::State, PARENTS>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let CoreState { args, saved, device } = ops.state;
+        let NodeState { args, saved, device } = ops.state;
         let gout = host::<B, T>(grads.consume::<B>(&ops.node));
-        let g = kernel::backward(&args.dims, &args.inputs(), &args.params(), &saved, gout.get());
-        let dims = args.dims;
-        let (b, l, k, cd) = (dims.batch, dims.len, dims.d_conv, dims.conv_dim());
-        let (h, p, n) = (dims.nheads, dims.headdim, dims.d_state);
-        let shaped: [(Vec<T>, Vec<usize>); PARENTS] = [
-            (g.zx, vec![b, l, dims.width()]),
-            (g.tail, vec![b, k - 1, cd]),
-            (g.h0, vec![b, h, p, n]),
-            (g.conv_w, vec![cd, k]),
-            (g.conv_b, vec![cd]),
-            (g.dt_bias, vec![h]),
-            (g.a_log, vec![h]),
-            (g.d, vec![args.d.get().len()]),
-            (g.norm_w, vec![dims.d_inner()]),
-        ];
-        for (parent, (values, shape)) in ops.parents.iter().zip(shaped) {
+        let g = mixer_backward(&args, &saved, gout.get());
+        for ((parent, values), shape) in ops.parents.iter().zip(g).zip(parent_shapes(&args)) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, to_device::<B, T>(values, shape, &device));
             }
@@ -238,37 +419,29 @@ impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for CoreBackward<T> {
     }
 }
 
-/// The forward on `Autodiff<B>`, registering [`CoreBackward`] when any input is tracked.
-fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(args: CoreArgs<Autodiff<B, C>>) -> Tensor<Autodiff<B, C>, 2> {
-    let device = args.zx.device();
-    let dims = args.dims;
-    // Absent inputs become an untracked placeholder, so that the node always has nine parents.
-    let present = [true, args.tail.is_some(), args.h0.is_some(), true, args.conv_b.is_some(), true, true, true, true];
-    let placeholder = || Tensor::<Autodiff<B, C>, 1>::zeros([1], &device).into_primitive().tensor();
-    let parts = [
-        prim(args.zx),
-        args.tail.map(prim).unwrap_or_else(placeholder),
-        args.h0.map(prim).unwrap_or_else(placeholder),
-        prim(args.conv_w),
-        args.conv_b.map(prim).unwrap_or_else(placeholder),
-        prim(args.dt_bias),
-        prim(args.a_log),
-        prim(args.d),
-        prim(args.norm_w),
-    ];
+/// The forward on `Autodiff<B>`, registering [`MixerBackward`] when any input is tracked.
+fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(args: MixerArgs<Autodiff<B, C>>) -> MixerOut<Autodiff<B, C>> {
+    let device = args.u.device();
+    let (dims, parts) = args.parts();
+    let present = parts.each_ref().map(Option::is_some);
+    debug_assert!(present.iter().zip(OPTIONAL).all(|(&p, o)| p || o));
+    // Absent inputs become an untracked placeholder, so that the node always has the same parents.
+    let parts = parts.map(|t| prim(t.unwrap_or_else(|| Tensor::<Autodiff<B, C>, 2>::zeros([1, 1], &device))));
     let nodes = std::array::from_fn(|i| parts[i].node.clone());
     let inner_device: B::Device = device.clone();
     let host_args = HostArgs::<T>::new::<B>(dims, std::array::from_fn(|i| present[i].then(|| parts[i].primitive.clone())));
-    let out = match CoreBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
+    let len = packed_parts(&dims).iter().sum::<usize>();
+    let out = match MixerBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let (out, saved) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), true);
-            let out = to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device);
-            prep.finish(CoreState { args: Arc::new(host_args), saved: Arc::new(saved), device: inner_device }, out)
+            let (out, saved) = mixer_forward(&host_args, true);
+            let out = to_device::<B, T>(out, vec![len], &inner_device);
+            let saved = saved.expect("kept when asked");
+            prep.finish(NodeState { args: Arc::new(host_args), saved: Arc::new(saved), device: inner_device }, out)
         }
         OpsKind::UnTracked(prep) => {
-            let (out, _) = kernel::forward(&dims, &host_args.inputs(), &host_args.params(), false);
-            prep.finish(to_device::<B, T>(out, vec![dims.batch, dims.out_width()], &inner_device))
+            let (out, _) = mixer_forward(&host_args, false);
+            prep.finish(to_device::<B, T>(out, vec![len], &inner_device))
         }
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    unpack(&dims, Tensor::from_primitive(TensorPrimitive::Float(out)))
 }

@@ -211,6 +211,7 @@ pub(crate) fn head_backward<T: HostFloat>(
 pub(crate) struct Dims {
     pub batch: usize,
     pub len: usize,
+    pub d_model: usize,
     pub nheads: usize,
     pub headdim: usize,
     pub ngroups: usize,
@@ -239,11 +240,7 @@ impl Dims {
     pub fn state_len(&self) -> usize {
         self.nheads * self.headdim * self.d_state
     }
-    /// Width of a packed output row: `y` for every step, then the final state.
-    pub fn out_width(&self) -> usize {
-        self.len * self.d_inner() + self.state_len()
-    }
-    fn rows(&self) -> usize {
+    pub fn rows(&self) -> usize {
         self.batch * self.len
     }
     fn segments(&self) -> usize {
@@ -368,12 +365,12 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
     wt
 }
 
-/// The forward pass: the packed output `[batch, L * d_inner + state_len]` and what the backward
-/// needs.
+/// The forward pass: the gated norm's output `[batch, L, d_inner]`, the final scan state
+/// `[batch, nheads, headdim, d_state]`, and what the backward needs.
 ///
 /// With `keep = false` (no backward will follow) the convolution's pre-activation buffers are
 /// not kept: the returned [`Saved`] is then only good for dropping.
-pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Saved<T>) {
+pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
     let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let zeros = vec![T::zero(); cd];
@@ -466,32 +463,32 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         })
         .collect();
 
-    // Each row's heads gathered into `y`, then the gated norm written straight into the packed
-    // output; batch entries and row blocks in parallel.
-    let ow = dims.out_width();
+    // Each row's heads gathered into `y`, then the gated norm written straight into `out`; batch
+    // entries and row blocks in parallel.
+    let sl = dims.state_len();
     let mut y = vec![T::zero(); rows * di];
     let mut rstd = vec![T::zero(); rows * g];
-    let mut out = vec![T::zero(); dims.batch * ow];
-    out.par_chunks_mut(ow).zip(y.par_chunks_mut(l * di)).zip(rstd.par_chunks_mut(l * g)).enumerate().for_each(
-        |(b, ((ob, yb), rb))| {
-            let (rows_out, fin) = ob.split_at_mut(l * di);
-            for hh in 0..h {
-                fin[hh * p * n..(hh + 1) * p * n].copy_from_slice(&per_head[b * h + hh].1[nseg * p * n..]);
-            }
-            let blocks = rows_out.par_chunks_mut(ROWS_PER_TASK * di).zip(yb.par_chunks_mut(ROWS_PER_TASK * di));
-            blocks.zip(rb.par_chunks_mut(ROWS_PER_TASK * g)).enumerate().for_each(|(task, ((oc, yc), rc))| {
-                let rows_ = oc.chunks_mut(di).zip(yc.chunks_mut(di)).zip(rc.chunks_mut(g));
-                for (i, ((orow, yrow), rs)) in rows_.enumerate() {
-                    let t = task * ROWS_PER_TASK + i;
-                    for hh in 0..h {
-                        yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
-                    }
-                    let r = b * l + t;
-                    gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+    let mut out = vec![T::zero(); rows * di];
+    let mut fin = vec![T::zero(); dims.batch * sl];
+    for (bh, (_, segs)) in per_head.iter().enumerate() {
+        fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(&segs[nseg * p * n..]);
+    }
+    // `max(1)`: an empty sequence has no rows, and chunks may not be empty.
+    let per_batch = out.par_chunks_mut((l * di).max(1)).zip(y.par_chunks_mut((l * di).max(1)));
+    per_batch.zip(rstd.par_chunks_mut((l * g).max(1))).enumerate().for_each(|(b, ((ob, yb), rb))| {
+        let blocks = ob.par_chunks_mut(ROWS_PER_TASK * di).zip(yb.par_chunks_mut(ROWS_PER_TASK * di));
+        blocks.zip(rb.par_chunks_mut(ROWS_PER_TASK * g)).enumerate().for_each(|(task, ((oc, yc), rc))| {
+            let rows_ = oc.chunks_mut(di).zip(yc.chunks_mut(di)).zip(rc.chunks_mut(g));
+            for (i, ((orow, yrow), rs)) in rows_.enumerate() {
+                let t = task * ROWS_PER_TASK + i;
+                for hh in 0..h {
+                    yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
                 }
-            });
-        },
-    );
+                let r = b * l + t;
+                gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+            }
+        });
+    });
     let seg_states = per_head
         .into_iter()
         .map(|(_, mut segs)| {
@@ -499,7 +496,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
             segs
         })
         .collect();
-    (out, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
+    (out, fin, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
 }
 
 /// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
@@ -550,11 +547,18 @@ fn clamp_dt<T: HostFloat>(dims: &Dims, v: T) -> T {
     }
 }
 
-/// The backward pass: gradients of every input, given the gradient of the packed output.
-pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T]) -> Grads<T> {
+/// The backward pass: gradients of every input, given those of the norm's output (`gout`,
+/// `[batch, L, d_inner]`) and of the final state (`gfin`, `[batch, nheads, headdim, d_state]`).
+pub(crate) fn backward<T: HostFloat>(
+    dims: &Dims,
+    inp: &Inputs<T>,
+    prm: &Params<T>,
+    saved: &Saved<T>,
+    gout: &[T],
+    gfin: &[T],
+) -> Grads<T> {
     let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
-    let ow = dims.out_width();
     let gw = di / g;
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
     let mut gzx = vec![T::zero(); rows * w];
@@ -570,8 +574,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
             let mut sig = vec![T::zero(); di];
             for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
                 let r = task * ROWS_PER_TASK + i;
-                let (b, t) = (r / l, r % l);
-                let go = &gout[b * ow + t * di..b * ow + (t + 1) * di];
+                let go = &gout[r * di..(r + 1) * di];
                 let z = &inp.zx[r * w..r * w + di];
                 let yr = &saved.y[r * di..(r + 1) * di];
                 sigmoid_into(z, &mut sig);
@@ -626,8 +629,7 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
         .map(|bh| {
             let (b, hh) = (bh / h, bh % h);
             let gi = hh / (h / g);
-            let fin = b * ow + l * di + hh * p * n;
-            let mut gh = gout[fin..fin + p * n].to_vec();
+            let mut gh = gfin[bh * p * n..(bh + 1) * p * n].to_vec();
             let mut out = HeadGrads {
                 gx: vec![T::zero(); l * p],
                 gdt: vec![T::zero(); l],

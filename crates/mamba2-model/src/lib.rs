@@ -38,6 +38,7 @@ mod helper;
 mod hf;
 mod kernel;
 mod lm;
+mod matmul;
 mod mixer;
 mod norm;
 mod params;

@@ -5,7 +5,7 @@ use burn::tensor::Distribution;
 use mamba2_ssd::{ssd_chunked, ssd_step, Skip, SsdInput, StepInput};
 use mamba2_tensor::{causal_conv1d, expect_shape, inverse_softplus, silu, softplus, GateOrder};
 
-use crate::fast::{try_core, CoreArgs};
+use crate::fast::{try_mixer, MixerArgs};
 use crate::kernel::Dims;
 use crate::norm::RmsNorm;
 use crate::{Mamba2Config, MixerState, ModelError};
@@ -70,6 +70,7 @@ pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
     Dims {
         batch,
         len,
+        d_model: c.d_model,
         nheads: c.nheads(),
         headdim: c.headdim,
         ngroups: c.ngroups,
@@ -230,50 +231,58 @@ impl<B: Backend> Mamba2Mixer<B> {
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let c = &self.config;
         let [batch, len, _] = u.dims();
-        let (h, p, n, di, cd, k) = (c.nheads(), c.headdim, c.d_state, c.d_inner(), c.conv_dim(), c.d_conv);
+        let (cd, k) = (c.conv_dim(), c.d_conv);
         if let Some(s) = &state {
             self.check_state(s, batch)?;
         }
-        let zxbcdt = self.in_proj.forward(u);
-        let (conv_tail, ssm_state) = match state {
-            Some(s) => (Some(s.conv), Some(s.ssm)),
-            None => (None, None),
-        };
-        // The next call's left context: the last k - 1 pre-convolution rows, reaching back into
-        // the old tail when this call was shorter than that.
-        let xbc = zxbcdt.clone().narrow(2, di, cd);
-        let device = xbc.device();
-        let tail_or_zeros = |tail: Option<Tensor<B, 3>>| tail.unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &device));
-        let new_tail = if len >= k - 1 {
-            xbc.narrow(1, len - (k - 1), k - 1)
-        } else {
-            Tensor::cat(vec![tail_or_zeros(conv_tail.clone()), xbc], 1).narrow(1, len, k - 1)
-        };
-
-        let args = CoreArgs {
+        let args = MixerArgs {
             dims: kernel_dims(&self.config, batch, len),
-            zx: zxbcdt,
-            tail: conv_tail,
-            h0: ssm_state,
+            u,
+            in_w: self.in_proj.weight.val(),
+            in_b: self.in_proj.bias.as_ref().map(Param::val),
+            tail: state.as_ref().map(|s| s.conv.clone()),
+            h0: state.map(|s| s.ssm),
             conv_w: self.conv1d.weight.val().reshape([cd, k]),
             conv_b: self.conv1d.bias.as_ref().map(Param::val),
             dt_bias: self.dt_bias.val(),
             a_log: self.a_log.val(),
             d: self.d.val(),
             norm_w: self.norm.weight.val(),
+            out_w: self.out_proj.weight.val(),
+            out_b: self.out_proj.bias.as_ref().map(Param::val),
         };
-        let (y, final_state) = match try_core(args) {
-            Ok(packed) => (
-                packed.clone().narrow(1, 0, len * di).reshape([batch, len, di]),
-                packed.narrow(1, len * di, h * p * n).reshape([batch, h, p, n]),
-            ),
-            Err(args) => self.core_generic(args.zx, tail_or_zeros(args.tail), args.h0)?,
+        match try_mixer(args) {
+            Ok(out) => Ok((out.y, MixerState { conv: out.conv, ssm: out.ssm })),
+            Err(args) => self.forward_generic(args.u, args.tail, args.h0),
+        }
+    }
+
+    /// The whole mixer from tensor operations: the reference for the CPU kernel and the path of
+    /// every other backend.
+    fn forward_generic(
+        &self,
+        u: Tensor<B, 3>,
+        conv_tail: Option<Tensor<B, 3>>,
+        ssm_state: Option<Tensor<B, 4>>,
+    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
+        let c = &self.config;
+        let [batch, len, _] = u.dims();
+        let (di, cd, k) = (c.d_inner(), c.conv_dim(), c.d_conv);
+        let zxbcdt = self.in_proj.forward(u);
+        // The next call's left context: the last k - 1 pre-convolution rows, reaching back into
+        // the old tail when this call was shorter than that.
+        let xbc = zxbcdt.clone().narrow(2, di, cd);
+        let tail = conv_tail.unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &xbc.device()));
+        let new_tail = if len >= k - 1 {
+            xbc.narrow(1, len - (k - 1), k - 1)
+        } else {
+            Tensor::cat(vec![tail.clone(), xbc], 1).narrow(1, len, k - 1)
         };
+        let (y, final_state) = self.core_generic(zxbcdt, tail, ssm_state)?;
         Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: final_state }))
     }
 
-    /// The core (convolution to gated norm) from tensor operations: the reference for the CPU
-    /// kernel and the path of every other backend.
+    /// The core (convolution to gated norm) from tensor operations.
     fn core_generic(
         &self,
         zxbcdt: Tensor<B, 3>,

@@ -1,0 +1,113 @@
+//! Dense products on host buffers, for the projections of the CPU path: the `gemm` crate (the
+//! one Burn's Flex backend calls too), writing into buffers the kernel owns, so that no tensor is
+//! allocated, zero-filled and copied again around each product.
+
+use crate::kernel::HostFloat;
+
+/// A matrix read from a slice: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// A row-major matrix with `cols` columns.
+    pub fn rows(data: &'a [T], cols: usize) -> Self {
+        Self { data, rs: cols, cs: 1 }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    pub fn transposed(data: &'a [T], cols: usize) -> Self {
+        Self { data, rs: 1, cs: cols }
+    }
+
+    /// Whether an `r x c` matrix read this way stays inside the slice.
+    fn fits(&self, r: usize, c: usize) -> bool {
+        r == 0 || c == 0 || (r - 1) * self.rs + (c - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`; `dst` is row-major `[m, n]`,
+/// `lhs` is `[m, k]` and `rhs` `[k, n]`. Runs on the rayon pool.
+pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+    assert!(dst.len() == m * n && lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its buffers");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(T::zero());
+        }
+        return;
+    }
+    // SAFETY: every index the product reads or writes lies inside its slice (checked above), the
+    // destination is borrowed mutably, and `T` is f32 or f64, which gemm supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
+}
+
+/// The column sums of the row-major `[rows, cols]` matrix `data`.
+pub(crate) fn column_sums<T: HostFloat>(data: &[T], cols: usize) -> Vec<T> {
+    let rows = if cols == 0 { 0 } else { data.len() / cols };
+    let ones = vec![T::one(); rows];
+    let mut out = vec![T::zero(); cols];
+    matmul(&mut out, 1, cols, rows, Mat::rows(&ones, rows), Mat::rows(data, cols), false);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the textbook triple loop, for every layout the projections use.
+    #[test]
+    fn products_match_the_triple_loop() {
+        let (m, n, k) = (37, 23, 41);
+        let a: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64 - 6.0) * 0.1).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64 - 5.0) * 0.1).collect();
+        let naive = |at: &dyn Fn(usize, usize) -> f64, bt: &dyn Fn(usize, usize) -> f64| {
+            let mut out = vec![0.0; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    out[i * n + j] = (0..k).map(|q| at(i, q) * bt(q, j)).sum();
+                }
+            }
+            out
+        };
+        let close = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| (p - q).abs() <= 1e-12);
+        let mut dst = vec![0.0; m * n];
+        matmul(&mut dst, m, n, k, Mat::rows(&a, k), Mat::rows(&b, n), false);
+        assert!(close(&dst, &naive(&|i, q| a[i * k + q], &|q, j| b[q * n + j])));
+        // a read as [k, m] transposed, b as [n, k] transposed, accumulating onto the last result.
+        let before = dst.clone();
+        matmul(&mut dst, m, n, k, Mat::transposed(&a, m), Mat::transposed(&b, k), true);
+        let t = naive(&|i, q| a[q * m + i], &|q, j| b[j * k + q]);
+        let want: Vec<f64> = before.iter().zip(&t).map(|(p, q)| p + q).collect();
+        assert!(close(&dst, &want));
+        let sums = column_sums(&b, n);
+        assert!(close(&sums, &(0..n).map(|j| (0..k).map(|q| b[q * n + j]).sum()).collect::<Vec<f64>>()));
+    }
+}

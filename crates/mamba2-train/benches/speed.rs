@@ -187,8 +187,11 @@ fn interleaved_sweep(out: &str) {
 
 criterion_group!(speed, benches);
 
-/// `criterion_main!`, plus the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file.
+/// `criterion_main!`, plus the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file,
+/// after [`mamba2_train::keep_freed_memory`].
 fn main() {
+    // As the `mamba2` command does: no fresh page mapping per large buffer (a no-op off glibc).
+    mamba2_train::keep_freed_memory();
     if let Ok(out) = std::env::var("MAMBA2_SWEEP_OUT") {
         interleaved_sweep(&out);
         return;

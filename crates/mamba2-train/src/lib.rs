@@ -25,9 +25,11 @@
 
 pub mod data;
 mod forecaster;
+mod memory;
 pub mod plot;
 mod trainer;
 
+pub use memory::keep_freed_memory;
 pub use forecaster::{ForecastSpec, Forecaster, ForecasterConfig};
 pub use trainer::{batch_tensors, evaluate, train, EpochRecord, Prepared, RunDir, TrainConfig, TrainSummary};
 

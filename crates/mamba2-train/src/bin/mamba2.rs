@@ -398,6 +398,8 @@ fn main() {
         }
         Err(e) => e.exit(),
     };
+    // Training allocates the same large buffers every step: keep them mapped (a no-op off glibc).
+    mamba2_train::keep_freed_memory();
     let result = match cli.command {
         Command::Train(a) => cmd_train(a),
         Command::Eval(a) => cmd_eval(a),

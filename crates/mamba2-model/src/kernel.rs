@@ -612,88 +612,113 @@ pub(crate) fn backward<T: HostFloat>(
         .collect();
     let norm_w = sum_partials(norm_partials, di);
 
-    // The scan in reverse, one (batch, head) pair per task. Each task returns the gradients of
-    // its x (into gxa's x block), dt, its share of B and C, its h0, and partial sums for A and D.
+    // The scan in reverse, one block of consecutive heads of one batch entry per task: one block
+    // per entry when the batch alone keeps every thread busy, smaller blocks otherwise. Each task
+    // sums the gradients of B and C over its heads itself, so that what it hands on is one
+    // `[L, 2 ngroups d_state]` array, not one per head.
     let nseg = dims.segments();
-    struct HeadGrads<T> {
+    let blocks_per_entry = (2 * rayon::current_num_threads()).div_ceil(dims.batch.max(1)).clamp(1, h);
+    let hb = h.div_ceil(blocks_per_entry);
+    let nblk = h.div_ceil(hb);
+    let gn = g * n;
+    let d_width = if dims.d_per_channel { p } else { 1 };
+    struct BlockGrads<T> {
+        /// The block's first head and its number of heads.
+        first: usize,
+        heads: usize,
+        /// `[L, heads * headdim]`: the x columns of the block's heads.
         gx: Vec<T>,
+        /// `[L, heads]`.
         gdt: Vec<T>,
-        gb: Vec<T>,
-        gc: Vec<T>,
+        /// `[L, 2 ngroups d_state]`: the B and C columns, summed over the block's heads.
+        gbc: Vec<T>,
+        /// `[heads, headdim, d_state]`.
         gh0: Vec<T>,
-        ga: T,
+        /// Per head.
+        ga: Vec<T>,
+        /// `[heads, headdim]` or `[heads, 1]`.
         gd: Vec<T>,
     }
-    let per_head: Vec<HeadGrads<T>> = (0..dims.batch * h)
+    let per_block: Vec<BlockGrads<T>> = (0..dims.batch * nblk)
         .into_par_iter()
-        .map(|bh| {
-            let (b, hh) = (bh / h, bh % h);
-            let gi = hh / (h / g);
-            let mut gh = gfin[bh * p * n..(bh + 1) * p * n].to_vec();
-            let mut out = HeadGrads {
-                gx: vec![T::zero(); l * p],
-                gdt: vec![T::zero(); l],
-                gb: vec![T::zero(); l * n],
-                gc: vec![T::zero(); l * n],
-                gh0: Vec::new(),
-                ga: T::zero(),
-                gd: vec![T::zero(); p],
+        .map(|task| {
+            let (b, blk) = (task / nblk, task % nblk);
+            let first = blk * hb;
+            let heads = hb.min(h - first);
+            let mut out = BlockGrads {
+                first,
+                heads,
+                gx: vec![T::zero(); l * heads * p],
+                gdt: vec![T::zero(); l * heads],
+                gbc: vec![T::zero(); l * 2 * gn],
+                gh0: vec![T::zero(); heads * p * n],
+                ga: vec![T::zero(); heads],
+                gd: vec![T::zero(); heads * d_width],
             };
             let mut states = vec![T::zero(); (SEG + 1) * p * n];
             let mut sb = vec![T::zero(); p];
-            for s in (0..nseg).rev() {
-                let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
-                // Recompute the states of this segment: states[i] is the state before step t0 + i.
-                states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
-                for t in t0..t1 {
-                    let r = b * l + t;
-                    let row = &saved.xa[r * cd..(r + 1) * cd];
-                    let x = &row[hh * p..(hh + 1) * p];
-                    let bv = &row[di + gi * n..di + (gi + 1) * n];
-                    let dtv = saved.dt[r * h + hh];
-                    let decay = (dtv * a[hh]).exp();
-                    let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
-                    head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
-                }
-                for t in (t0..t1).rev() {
-                    let r = b * l + t;
-                    let row = &saved.xa[r * cd..(r + 1) * cd];
-                    let x = &row[hh * p..(hh + 1) * p];
-                    let bv = &row[di + gi * n..di + (gi + 1) * n];
-                    let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
-                    let dtv = saved.dt[r * h + hh];
-                    let decay = (dtv * a[hh]).exp();
-                    let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
-                    let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
-                    let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
-                    let g_decay = head_backward(
-                        &mut gh,
-                        ht,
-                        hprev,
-                        gyv,
-                        x,
-                        bv,
-                        cv,
-                        decay,
-                        dtv,
-                        &mut out.gc[t * n..(t + 1) * n],
-                        &mut out.gb[t * n..(t + 1) * n],
-                        &mut sb,
-                    );
-                    let mut gdt = T::zero();
-                    for pi in 0..p {
-                        let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
-                        out.gx[t * p + pi] = skip * gyv[pi] + dtv * sb[pi];
-                        gdt = gdt + x[pi] * sb[pi];
-                        let di_idx = if dims.d_per_channel { pi } else { 0 };
-                        out.gd[di_idx] = out.gd[di_idx] + gyv[pi] * x[pi];
+            for j in 0..heads {
+                let hh = first + j;
+                let bh = b * h + hh;
+                let gi = hh / (h / g);
+                let gh = &mut out.gh0[j * p * n..(j + 1) * p * n];
+                gh.copy_from_slice(&gfin[bh * p * n..(bh + 1) * p * n]);
+                for s in (0..nseg).rev() {
+                    let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
+                    // Recompute the states of this segment: states[i] is the state before step
+                    // t0 + i.
+                    states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
+                    for t in t0..t1 {
+                        let r = b * l + t;
+                        let row = &saved.xa[r * cd..(r + 1) * cd];
+                        let x = &row[hh * p..(hh + 1) * p];
+                        let bv = &row[di + gi * n..di + (gi + 1) * n];
+                        let dtv = saved.dt[r * h + hh];
+                        let decay = (dtv * a[hh]).exp();
+                        let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
+                        head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
                     }
-                    // d decay / d dt = A decay; d decay / d A = dt decay.
-                    out.gdt[t] = gdt + g_decay * decay * a[hh];
-                    out.ga = out.ga + g_decay * decay * dtv;
+                    for t in (t0..t1).rev() {
+                        let r = b * l + t;
+                        let row = &saved.xa[r * cd..(r + 1) * cd];
+                        let x = &row[hh * p..(hh + 1) * p];
+                        let bv = &row[di + gi * n..di + (gi + 1) * n];
+                        let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
+                        let dtv = saved.dt[r * h + hh];
+                        let decay = (dtv * a[hh]).exp();
+                        let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
+                        let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
+                        let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
+                        let (gb_row, gc_row) = out.gbc[t * 2 * gn..(t + 1) * 2 * gn].split_at_mut(gn);
+                        let g_decay = head_backward(
+                            gh,
+                            ht,
+                            hprev,
+                            gyv,
+                            x,
+                            bv,
+                            cv,
+                            decay,
+                            dtv,
+                            &mut gc_row[gi * n..(gi + 1) * n],
+                            &mut gb_row[gi * n..(gi + 1) * n],
+                            &mut sb,
+                        );
+                        let mut gdt = T::zero();
+                        let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
+                        for pi in 0..p {
+                            let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
+                            gx[pi] = skip * gyv[pi] + dtv * sb[pi];
+                            gdt = gdt + x[pi] * sb[pi];
+                            let di_idx = j * d_width + if dims.d_per_channel { pi } else { 0 };
+                            out.gd[di_idx] = out.gd[di_idx] + gyv[pi] * x[pi];
+                        }
+                        // d decay / d dt = A decay; d decay / d A = dt decay.
+                        out.gdt[t * heads + j] = gdt + g_decay * decay * a[hh];
+                        out.ga[j] = out.ga[j] + g_decay * decay * dtv;
+                    }
                 }
             }
-            out.gh0 = gh;
             out
         })
         .collect();
@@ -702,21 +727,21 @@ pub(crate) fn backward<T: HostFloat>(
     let mut h0 = vec![T::zero(); dims.batch * h * p * n];
     let mut a_log = vec![T::zero(); h];
     let mut d = vec![T::zero(); prm.d.len()];
-    for (bh, hg) in per_head.iter().enumerate() {
-        let hh = bh % h;
-        h0[bh * p * n..(bh + 1) * p * n].copy_from_slice(&hg.gh0);
-        // d A / d A_log = A.
-        a_log[hh] = a_log[hh] + hg.ga * a[hh];
-        if dims.d_per_channel {
-            for pi in 0..p {
-                d[hh * p + pi] = d[hh * p + pi] + hg.gd[pi];
+    for (task, bg) in per_block.iter().enumerate() {
+        let b = task / nblk;
+        let start = (b * h + bg.first) * p * n;
+        h0[start..start + bg.heads * p * n].copy_from_slice(&bg.gh0);
+        for j in 0..bg.heads {
+            let hh = bg.first + j;
+            // d A / d A_log = A.
+            a_log[hh] = a_log[hh] + bg.ga[j] * a[hh];
+            for q in 0..d_width {
+                d[hh * d_width + q] = d[hh * d_width + q] + bg.gd[j * d_width + q];
             }
-        } else {
-            d[hh] = d[hh] + hg.gd[0];
         }
     }
-    // Per row, in parallel: x, B, C of every head into gxa; dt through softplus and clamp into
-    // gzx, with partial sums for dt_bias.
+    // Per row, in parallel: each block's x, B, C gradients into gxa; dt through softplus and
+    // clamp into gzx, with partial sums for dt_bias.
     let mut gxa = vec![T::zero(); rows * cd];
     let dt_partials: Vec<Vec<T>> = gxa
         .par_chunks_mut(ROWS_PER_TASK * cd)
@@ -727,21 +752,23 @@ pub(crate) fn backward<T: HostFloat>(
             for (i, (row, gzr)) in gxa_c.chunks_mut(cd).zip(gzx_c.chunks_mut(w)).enumerate() {
                 let r = task * ROWS_PER_TASK + i;
                 let (b, t) = (r / l, r % l);
-                for hh in 0..h {
-                    let hg = &per_head[b * h + hh];
-                    let gi = hh / (h / g);
-                    row[hh * p..(hh + 1) * p].copy_from_slice(&hg.gx[t * p..(t + 1) * p]);
-                    for ni in 0..n {
-                        row[di + gi * n + ni] = row[di + gi * n + ni] + hg.gb[t * n + ni];
-                        row[di + g * n + gi * n + ni] = row[di + g * n + gi * n + ni] + hg.gc[t * n + ni];
+                for bg in &per_block[b * nblk..(b + 1) * nblk] {
+                    let (first, heads) = (bg.first, bg.heads);
+                    row[first * p..(first + heads) * p].copy_from_slice(&bg.gx[t * heads * p..(t + 1) * heads * p]);
+                    for (o, &v) in row[di..di + 2 * gn].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
+                        *o = *o + v;
                     }
-                    let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
-                    let sp = softplus(v);
-                    let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
-                    let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
-                    let graw = if passes { hg.gdt[t] * dsp } else { T::zero() };
-                    gzr[di + cd + hh] = graw;
-                    dtb[hh] = dtb[hh] + graw;
+                    for j in 0..heads {
+                        let hh = first + j;
+                        let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
+                        let sp = softplus(v);
+                        let passes =
+                            (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
+                        let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
+                        let graw = if passes { bg.gdt[t * heads + j] * dsp } else { T::zero() };
+                        gzr[di + cd + hh] = graw;
+                        dtb[hh] = dtb[hh] + graw;
+                    }
                 }
             }
             dtb

@@ -282,7 +282,8 @@ pub(crate) struct Saved<T> {
     sxc: Vec<T>,
     /// After the SiLU: `x | B | C`, `[rows, conv_dim]`.
     xa: Vec<T>,
-    /// `[rows, nheads]`.
+    /// Per row `[dt | decay = exp(dt A) | d dt / d dt_raw]`, `[rows, 3 nheads]`: the decay and
+    /// the derivative (0 where the clamp bites) computed once, not again in the backward.
     dt: Vec<T>,
     /// The scan output with the skip, before the norm, `[rows, d_inner]`.
     y: Vec<T>,
@@ -382,8 +383,9 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     let mut xc = vec![T::zero(); kept];
     let mut sxc = vec![T::zero(); kept];
     let mut xa = vec![T::zero(); rows * cd];
-    let mut dt = vec![T::zero(); rows * h];
-    // One row: the convolution into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and dt.
+    let mut dt = vec![T::zero(); rows * 3 * h];
+    // One row: the convolution into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and `dt`
+    // with what the scan and the backward take from it (see [`Saved::dt`]).
     let conv_row = |r: usize, xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]| {
         let (b, t) = (r / l, r % l);
         match prm.conv_b {
@@ -401,16 +403,32 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
             *o = v * s;
         }
         let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
-        for ((o, &v), &bias) in dt.iter_mut().zip(raw).zip(prm.dt_bias) {
-            *o = clamp_dt(dims, softplus(v + bias));
+        let (dt, rest) = dt.split_at_mut(h);
+        let (decay, ddt) = rest.split_at_mut(h);
+        for hh in 0..h {
+            let v = raw[hh] + prm.dt_bias[hh];
+            // softplus(v) = log(1 + e^v) and its derivative sigmoid(v) = e^v / (1 + e^v), from one
+            // exp; the identity above 20, as in the generic path.
+            let (sp, dsp) = if v > c(20.0) {
+                (v, T::one())
+            } else {
+                let e = v.exp();
+                (e.ln_1p(), e / (T::one() + e))
+            };
+            let clamped = clamp_dt(dims, sp);
+            dt[hh] = clamped;
+            decay[hh] = (clamped * a[hh]).exp();
+            // The clamp passes no gradient where it bites.
+            let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
+            ddt[hh] = if passes { dsp } else { T::zero() };
         }
     };
-    let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * h)).enumerate();
+    let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * 3 * h)).enumerate();
     if keep {
         // Kept for the backward: every row's pre-activation and its sigmoid.
         rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd).zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))).for_each(
             |((task, (xa, dt)), (xc, sxc))| {
-                let rows = xa.chunks_mut(cd).zip(dt.chunks_mut(h)).zip(xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)));
+                let rows = xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).zip(xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)));
                 for (i, ((xa, dt), (xc, sxc))) in rows.enumerate() {
                     conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
                 }
@@ -421,7 +439,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         rows_xa.for_each(|(task, (xa, dt))| {
             let mut scratch = vec![T::zero(); 2 * cd];
             let (xc, sxc) = scratch.split_at_mut(cd);
-            for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(h)).enumerate() {
+            for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).enumerate() {
                 conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
             }
         });
@@ -449,8 +467,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
                 let x = &row[hh * p..(hh + 1) * p];
                 let bv = &row[di + gi * n..di + (gi + 1) * n];
                 let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
-                let dtv = dt[r * h + hh];
-                let decay = (dtv * a[hh]).exp();
+                let (dtv, decay) = (dt[r * 3 * h + hh], dt[r * 3 * h + h + hh]);
                 let yt = &mut y[t * p..(t + 1) * p];
                 head_forward(&mut state, x, bv, cv, decay, dtv, yt);
                 for (pi, yv) in yt.iter_mut().enumerate() {
@@ -673,8 +690,7 @@ pub(crate) fn backward<T: HostFloat>(
                         let row = &saved.xa[r * cd..(r + 1) * cd];
                         let x = &row[hh * p..(hh + 1) * p];
                         let bv = &row[di + gi * n..di + (gi + 1) * n];
-                        let dtv = saved.dt[r * h + hh];
-                        let decay = (dtv * a[hh]).exp();
+                        let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
                         let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
                         head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
                     }
@@ -684,8 +700,7 @@ pub(crate) fn backward<T: HostFloat>(
                         let x = &row[hh * p..(hh + 1) * p];
                         let bv = &row[di + gi * n..di + (gi + 1) * n];
                         let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
-                        let dtv = saved.dt[r * h + hh];
-                        let decay = (dtv * a[hh]).exp();
+                        let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
                         let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
                         let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
                         let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
@@ -760,12 +775,7 @@ pub(crate) fn backward<T: HostFloat>(
                     }
                     for j in 0..heads {
                         let hh = first + j;
-                        let v = inp.zx[r * w + di + cd + hh] + prm.dt_bias[hh];
-                        let sp = softplus(v);
-                        let passes =
-                            (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
-                        let dsp = if v > c(20.0) { T::one() } else { sigmoid(v) };
-                        let graw = if passes { bg.gdt[t * heads + j] * dsp } else { T::zero() };
+                        let graw = bg.gdt[t * heads + j] * saved.dt[r * 3 * h + 2 * h + hh];
                         gzr[di + cd + hh] = graw;
                         dtb[hh] = dtb[hh] + graw;
                     }

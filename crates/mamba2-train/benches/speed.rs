@@ -147,7 +147,7 @@ fn benches(c: &mut Criterion) {
 }
 
 /// Rounds of [`interleaved_sweep`], after one warm-up round.
-const ROUNDS: usize = 18;
+const ROUNDS: usize = 36;
 
 /// The length sweep measured round-robin: each round runs every length once, so that this VM's
 /// drifts in speed (up to 2x over minutes) fall on every length alike instead of on whichever

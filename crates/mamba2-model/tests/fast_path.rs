@@ -31,6 +31,8 @@ fn cases() -> Vec<Case> {
         // 80 = 5 vectors of f32, 10 of f64, walks the reverse step's blocks of 4 vectors.
         ("d_state 16", base().with_d_state(16)),
         ("d_state 80, G2", base().with_d_state(80).with_headdim(4).with_ngroups(2)),
+        // headdim 16 (8 for f64 above) takes the scan's grouped sums of 16 rows in f32.
+        ("headdim 16, d_state 16", base().with_d_state(16).with_headdim(16)),
     ] {
         // 70 and 131 cross the kernel's 64-step segments (full, then partial).
         for (batch, len, with_state) in [(1, 1, false), (2, 5, true), (3, 70, false), (2, 131, true)] {

@@ -25,7 +25,7 @@ use burn::tensor::{Element, TensorData, TensorPrimitive};
 use rayon::prelude::*;
 
 use crate::kernel::{self, Dims, HostFloat, Inputs, Params};
-use crate::matmul::{column_sums, matmul, Mat};
+use crate::matmul::{column_sums, matmul, product, Mat};
 
 thread_local! {
     static GENERIC_ONLY: Cell<bool> = const { Cell::new(false) };
@@ -263,33 +263,40 @@ fn tail_source(dims: &Dims, b: usize, s: usize) -> Result<usize, usize> {
 fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<MixerSaved<T>>) {
     let dims = a.dims;
     let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
-    let mut zx = vec![T::zero(); rows * w];
-    if let Some(bias) = &a.in_b {
-        zx.par_chunks_mut(w.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
-    }
-    matmul(&mut zx, rows, w, dm, Mat::rows(a.u.get(), dm), Mat::rows(a.in_w.get(), w), a.in_b.is_some());
+    let (u, in_w) = (Mat::rows(a.u.get(), dm), Mat::rows(a.in_w.get(), w));
+    let zx = match &a.in_b {
+        Some(bias) => {
+            let mut zx = vec![T::zero(); rows * w];
+            zx.par_chunks_mut(w.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
+            matmul(&mut zx, rows, w, dm, u, in_w, true);
+            zx
+        }
+        None => product(rows, w, dm, u, in_w),
+    };
     let (normed, fin, core) = kernel::forward(&dims, &a.inputs(&zx), &a.params(), keep);
 
     let [ny, ns, nt] = packed_parts(&dims);
-    let mut out = vec![T::zero(); ny + ns + nt];
-    let (y, rest) = out.split_at_mut(ny);
-    let (state, tail) = rest.split_at_mut(ns);
-    if let Some(bias) = &a.out_b {
-        y.par_chunks_mut(dm.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
-    }
-    matmul(y, rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm), a.out_b.is_some());
-    state.copy_from_slice(&fin);
-    for (i, row) in tail.chunks_mut(cd).enumerate() {
+    let (x, out_w) = (Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm));
+    let mut out = match &a.out_b {
+        Some(bias) => {
+            let mut y = vec![T::zero(); ny];
+            y.par_chunks_mut(dm.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
+            matmul(&mut y, rows, dm, di, x, out_w, true);
+            y
+        }
+        None => product(rows, dm, di, x, out_w),
+    };
+    out.reserve_exact(ns + nt);
+    out.extend_from_slice(&fin);
+    for i in 0..dims.batch * (dims.d_conv - 1) {
         let (b, s) = (i / (dims.d_conv - 1), i % (dims.d_conv - 1));
-        match tail_source(&dims, b, s) {
-            Ok(r) => row.copy_from_slice(&zx[r * w + di..r * w + di + cd]),
-            Err(r) => {
-                if let Some(old) = &a.tail {
-                    row.copy_from_slice(&old.get()[r * cd..(r + 1) * cd]);
-                }
-            }
+        match (tail_source(&dims, b, s), &a.tail) {
+            (Ok(r), _) => out.extend_from_slice(&zx[r * w + di..r * w + di + cd]),
+            (Err(r), Some(old)) => out.extend_from_slice(&old.get()[r * cd..(r + 1) * cd]),
+            (Err(_), None) => out.resize(out.len() + cd, T::zero()),
         }
     }
+    debug_assert_eq!(out.len(), ny + ns + nt);
     (out, keep.then_some(MixerSaved { zx, normed, core }))
 }
 
@@ -303,11 +310,9 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
     let (gfin, gtail_out) = rest.split_at(ns);
 
     // out_proj: its weight, its bias, and the gradient reaching the norm's output.
-    let mut out_w = vec![T::zero(); di * dm];
-    matmul(&mut out_w, di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm), false);
+    let out_w = product(di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
     let out_b = if a.out_b.is_some() { column_sums(gy, dm) } else { Vec::new() };
-    let mut gnormed = vec![T::zero(); rows * di];
-    matmul(&mut gnormed, rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w.get(), dm), false);
+    let gnormed = product(rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w.get(), dm));
 
     let mut g = kernel::backward(&dims, &a.inputs(&saved.zx), &a.params(), &saved.core, &gnormed, gfin);
     drop(gnormed);
@@ -324,11 +329,9 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
     }
 
     // in_proj: its weight, its bias, and the gradient of the input.
-    let mut in_w = vec![T::zero(); dm * w];
-    matmul(&mut in_w, dm, w, rows, Mat::transposed(a.u.get(), dm), Mat::rows(&g.zx, w), false);
+    let in_w = product(dm, w, rows, Mat::transposed(a.u.get(), dm), Mat::rows(&g.zx, w));
     let in_b = if a.in_b.is_some() { column_sums(&g.zx, w) } else { Vec::new() };
-    let mut u = vec![T::zero(); rows * dm];
-    matmul(&mut u, rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w), false);
+    let u = product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
 
     [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b]
 }

@@ -337,20 +337,17 @@ fn softplus<T: HostFloat>(v: T) -> T {
     }
 }
 
-/// The left-context row `s` (negative: from the tail) of channel block `xbc` for batch `b`.
-fn ext_row<'a, T: HostFloat>(dims: &Dims, inp: &Inputs<'a, T>, zeros: &'a [T], b: usize, s: isize) -> &'a [T] {
+/// The left-context row `s` (negative: from the tail) of the `xBC` channels for batch `b`;
+/// `None` for a row before the sequence when no tail is given (zeros, which add nothing).
+#[inline(always)]
+fn ext_row<'a, T: HostFloat>(dims: &Dims, inp: &Inputs<'a, T>, b: usize, s: isize) -> Option<&'a [T]> {
     let (cd, w, di, k) = (dims.conv_dim(), dims.width(), dims.d_inner(), dims.d_conv);
     if s >= 0 {
         let r = b * dims.len + s as usize;
-        &inp.zx[r * w + di..r * w + di + cd]
+        Some(&inp.zx[r * w + di..r * w + di + cd])
     } else {
-        match inp.tail {
-            Some(tail) => {
-                let r = b * (k - 1) + (k as isize - 1 + s) as usize;
-                &tail[r * cd..(r + 1) * cd]
-            }
-            None => zeros,
-        }
+        let r = b * (k - 1) + (k as isize - 1 + s) as usize;
+        inp.tail.map(|tail| &tail[r * cd..(r + 1) * cd])
     }
 }
 
@@ -366,6 +363,131 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
     wt
 }
 
+// The passes below work on a block of rows (or one scan task) each and are compiled per
+// instruction set (see `multiversion!`): rayon calls them from closures, which would otherwise
+// be compiled for the baseline target only.
+
+multiversion! {
+    /// The convolution with its SiLU, and `dt`, for the rows from `first` on (one per `conv_dim`
+    /// of `xa`): the pre-activation into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and
+    /// `dt` with what the scan and the backward take from it (see [`Saved::dt`]). `xc` and `sxc`
+    /// hold either one row per row of `xa` (kept for the backward) or a single scratch row.
+    fn conv_rows<T>(
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, wt: &[T], a: &[T], first: usize,
+        xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]
+    ) {
+        let (l, h, k, w, di, cd) = (dims.len, dims.nheads, dims.d_conv, dims.width(), dims.d_inner(), dims.conv_dim());
+        let per_row = xc.len() == xa.len();
+        for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).enumerate() {
+            let r = first + i;
+            let (b, t) = (r / l, r % l);
+            let span = if per_row { i * cd..(i + 1) * cd } else { 0..cd };
+            let (xc, sxc) = (&mut xc[span.clone()], &mut sxc[span]);
+            match prm.conv_b {
+                Some(bias) => xc.copy_from_slice(bias),
+                None => xc.fill(T::zero()),
+            }
+            for j in 0..k {
+                if let Some(src) = ext_row(dims, inp, b, t as isize + j as isize - (k as isize - 1)) {
+                    for ((o, &x), &wv) in xc.iter_mut().zip(src).zip(&wt[j * cd..(j + 1) * cd]) {
+                        *o = *o + wv * x;
+                    }
+                }
+            }
+            sigmoid_into(xc, sxc);
+            for ((o, &s), &v) in xa.iter_mut().zip(sxc.iter()).zip(xc.iter()) {
+                *o = v * s;
+            }
+            let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
+            let (dt, rest) = dt.split_at_mut(h);
+            let (decay, ddt) = rest.split_at_mut(h);
+            for hh in 0..h {
+                let v = raw[hh] + prm.dt_bias[hh];
+                // softplus(v) = log(1 + e^v) and its derivative sigmoid(v) = e^v / (1 + e^v), from
+                // one exp; the identity above 20, as in the generic path.
+                let (sp, dsp) = if v > c(20.0) {
+                    (v, T::one())
+                } else {
+                    let e = v.exp();
+                    (e.ln_1p(), e / (T::one() + e))
+                };
+                let clamped = clamp_dt(dims, sp);
+                dt[hh] = clamped;
+                decay[hh] = (clamped * a[hh]).exp();
+                // The clamp passes no gradient where it bites.
+                let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
+                ddt[hh] = if passes { dsp } else { T::zero() };
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip,
+    /// `[L, headdim]`, and the states at the segment starts followed by the final state.
+    fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize) -> (Vec<T>, Vec<T>) {
+        let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+        let (di, cd) = (dims.d_inner(), dims.conv_dim());
+        let (b, hh) = (bh / h, bh % h);
+        let gi = hh / (h / g);
+        let mut state = match inp.h0 {
+            Some(h0) => h0[bh * p * n..(bh + 1) * p * n].to_vec(),
+            None => vec![T::zero(); p * n],
+        };
+        let mut y = vec![T::zero(); l * p];
+        let nseg = dims.segments();
+        let mut segs = Vec::with_capacity((nseg + 1) * p * n);
+        for t in 0..l {
+            if t % SEG == 0 {
+                segs.extend_from_slice(&state);
+            }
+            let r = b * l + t;
+            let row = &xa[r * cd..(r + 1) * cd];
+            let x = &row[hh * p..(hh + 1) * p];
+            let bv = &row[di + gi * n..di + (gi + 1) * n];
+            let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
+            let (dtv, decay) = (dt[r * 3 * h + hh], dt[r * 3 * h + h + hh]);
+            let yt = &mut y[t * p..(t + 1) * p];
+            head_forward(&mut state, x, bv, cv, decay, dtv, yt);
+            if dims.d_per_channel {
+                for ((yv, &xv), &dv) in yt.iter_mut().zip(x).zip(&prm.d[hh * p..(hh + 1) * p]) {
+                    *yv = *yv + dv * xv;
+                }
+            } else {
+                let dv = prm.d[hh];
+                for (yv, &xv) in yt.iter_mut().zip(x) {
+                    *yv = *yv + dv * xv;
+                }
+            }
+        }
+        // An empty sequence still has its one segment start.
+        while segs.len() < nseg * p * n {
+            segs.extend_from_slice(&state);
+        }
+        segs.extend_from_slice(&state);
+        (y, segs)
+    }
+}
+
+multiversion! {
+    /// The rows from `first` on of batch entry `b`: each head's output gathered from `per_head`
+    /// into `y`, then the gated norm into `out`, with `1 / rms` into `rstd`.
+    fn norm_rows<T>(
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, per_head: &[(Vec<T>, Vec<T>)], b: usize, first: usize,
+        out: &mut [T], y: &mut [T], rstd: &mut [T]
+    ) {
+        let (l, h, p, g, w, di) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.width(), dims.d_inner());
+        for (i, ((orow, yrow), rs)) in out.chunks_mut(di).zip(y.chunks_mut(di)).zip(rstd.chunks_mut(g)).enumerate() {
+            let t = first + i;
+            for hh in 0..h {
+                yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
+            }
+            let r = b * l + t;
+            gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+        }
+    }
+}
+
 /// The forward pass: the gated norm's output `[batch, L, d_inner]`, the final scan state
 /// `[batch, nheads, headdim, d_state]`, and what the backward needs.
 ///
@@ -373,112 +495,35 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
 /// not kept: the returned [`Saved`] is then only good for dropping.
 pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
     let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
-    let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
-    let zeros = vec![T::zero(); cd];
+    let (di, cd, rows) = (dims.d_inner(), dims.conv_dim(), dims.rows());
     let wt = transpose_conv(dims, prm.conv_w);
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
 
-    // Convolution + SiLU and dt, row by row.
+    // Convolution + SiLU and dt, in blocks of rows.
     let kept = if keep { rows * cd } else { 0 };
     let mut xc = vec![T::zero(); kept];
     let mut sxc = vec![T::zero(); kept];
     let mut xa = vec![T::zero(); rows * cd];
     let mut dt = vec![T::zero(); rows * 3 * h];
-    // One row: the convolution into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and `dt`
-    // with what the scan and the backward take from it (see [`Saved::dt`]).
-    let conv_row = |r: usize, xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]| {
-        let (b, t) = (r / l, r % l);
-        match prm.conv_b {
-            Some(bias) => xc.copy_from_slice(bias),
-            None => xc.fill(T::zero()),
-        }
-        for j in 0..k {
-            let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
-            for ((o, &x), &wv) in xc.iter_mut().zip(src).zip(&wt[j * cd..(j + 1) * cd]) {
-                *o = *o + wv * x;
-            }
-        }
-        sigmoid_into(xc, sxc);
-        for ((o, &s), &v) in xa.iter_mut().zip(sxc.iter()).zip(xc.iter()) {
-            *o = v * s;
-        }
-        let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
-        let (dt, rest) = dt.split_at_mut(h);
-        let (decay, ddt) = rest.split_at_mut(h);
-        for hh in 0..h {
-            let v = raw[hh] + prm.dt_bias[hh];
-            // softplus(v) = log(1 + e^v) and its derivative sigmoid(v) = e^v / (1 + e^v), from one
-            // exp; the identity above 20, as in the generic path.
-            let (sp, dsp) = if v > c(20.0) {
-                (v, T::one())
-            } else {
-                let e = v.exp();
-                (e.ln_1p(), e / (T::one() + e))
-            };
-            let clamped = clamp_dt(dims, sp);
-            dt[hh] = clamped;
-            decay[hh] = (clamped * a[hh]).exp();
-            // The clamp passes no gradient where it bites.
-            let passes = (dims.dt_lo <= 0.0 || sp > c(dims.dt_lo)) && (!dims.dt_hi.is_finite() || sp < c(dims.dt_hi));
-            ddt[hh] = if passes { dsp } else { T::zero() };
-        }
-    };
     let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * 3 * h)).enumerate();
     if keep {
         // Kept for the backward: every row's pre-activation and its sigmoid.
         rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd).zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))).for_each(
-            |((task, (xa, dt)), (xc, sxc))| {
-                let rows = xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).zip(xc.chunks_mut(cd).zip(sxc.chunks_mut(cd)));
-                for (i, ((xa, dt), (xc, sxc))) in rows.enumerate() {
-                    conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
-                }
-            },
+            |((task, (xa, dt)), (xc, sxc))| conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, sxc, xa, dt),
         );
     } else {
         // Inference: a scratch row per task instead.
         rows_xa.for_each(|(task, (xa, dt))| {
             let mut scratch = vec![T::zero(); 2 * cd];
             let (xc, sxc) = scratch.split_at_mut(cd);
-            for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).enumerate() {
-                conv_row(task * ROWS_PER_TASK + i, xc, sxc, xa, dt);
-            }
+            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, sxc, xa, dt);
         });
     }
 
     // The scan, one (batch, head) pair per task.
     let nseg = dims.segments();
-    let per_head: Vec<(Vec<T>, Vec<T>)> = (0..dims.batch * h)
-        .into_par_iter()
-        .map(|bh| {
-            let (b, hh) = (bh / h, bh % h);
-            let gi = hh / (h / g);
-            let mut state = match inp.h0 {
-                Some(h0) => h0[bh * p * n..(bh + 1) * p * n].to_vec(),
-                None => vec![T::zero(); p * n],
-            };
-            let mut y = vec![T::zero(); l * p];
-            let mut segs = vec![T::zero(); nseg * p * n];
-            for t in 0..l {
-                if t % SEG == 0 {
-                    segs[(t / SEG) * p * n..(t / SEG + 1) * p * n].copy_from_slice(&state);
-                }
-                let r = b * l + t;
-                let row = &xa[r * cd..(r + 1) * cd];
-                let x = &row[hh * p..(hh + 1) * p];
-                let bv = &row[di + gi * n..di + (gi + 1) * n];
-                let cv = &row[di + g * n + gi * n..di + g * n + (gi + 1) * n];
-                let (dtv, decay) = (dt[r * 3 * h + hh], dt[r * 3 * h + h + hh]);
-                let yt = &mut y[t * p..(t + 1) * p];
-                head_forward(&mut state, x, bv, cv, decay, dtv, yt);
-                for (pi, yv) in yt.iter_mut().enumerate() {
-                    let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
-                    *yv = *yv + skip * x[pi];
-                }
-            }
-            segs.extend_from_slice(&state);
-            (y, segs)
-        })
-        .collect();
+    let per_head: Vec<(Vec<T>, Vec<T>)> =
+        (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
 
     // Each row's heads gathered into `y`, then the gated norm written straight into `out`; batch
     // entries and row blocks in parallel.
@@ -495,15 +540,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     per_batch.zip(rstd.par_chunks_mut((l * g).max(1))).enumerate().for_each(|(b, ((ob, yb), rb))| {
         let blocks = ob.par_chunks_mut(ROWS_PER_TASK * di).zip(yb.par_chunks_mut(ROWS_PER_TASK * di));
         blocks.zip(rb.par_chunks_mut(ROWS_PER_TASK * g)).enumerate().for_each(|(task, ((oc, yc), rc))| {
-            let rows_ = oc.chunks_mut(di).zip(yc.chunks_mut(di)).zip(rc.chunks_mut(g));
-            for (i, ((orow, yrow), rs)) in rows_.enumerate() {
-                let t = task * ROWS_PER_TASK + i;
-                for hh in 0..h {
-                    yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
-                }
-                let r = b * l + t;
-                gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
-            }
+            norm_rows(dims, inp, prm, &per_head, b, task * ROWS_PER_TASK, oc, yc, rc);
         });
     });
     let seg_states = per_head
@@ -518,6 +555,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
 
 /// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
 /// order `dims.gate_first` says; `1 / rms` of each group goes to `rstd`.
+#[inline(always)]
 pub(crate) fn gated_norm_row<T: HostFloat>(dims: &Dims, y: &[T], z: &[T], w: &[T], out: &mut [T], rstd: &mut [T]) {
     let gw = dims.d_inner() / dims.ngroups;
     // The gate silu(z) first, into `out`, which is then scaled in place.
@@ -529,12 +567,12 @@ pub(crate) fn gated_norm_row<T: HostFloat>(dims: &Dims, y: &[T], z: &[T], w: &[T
         let span = gi * gw..(gi + 1) * gw;
         let (yg, og, wg) = (&y[span.clone()], &mut out[span.clone()], &w[span]);
         let ss = if dims.gate_first {
-            og.iter_mut().zip(yg).fold(T::zero(), |ss, (o, &yv)| {
+            for (o, &yv) in og.iter_mut().zip(yg) {
                 *o = *o * yv;
-                ss + *o * *o
-            })
+            }
+            dot(og, og)
         } else {
-            yg.iter().fold(T::zero(), |ss, &yv| ss + yv * yv)
+            dot(yg, yg)
         };
         let inv = T::one() / (ss / c(gw as f64) + c(dims.eps)).sqrt();
         *inv_out = inv;
@@ -564,6 +602,236 @@ fn clamp_dt<T: HostFloat>(dims: &Dims, v: T) -> T {
     }
 }
 
+/// What one task of the reverse scan hands on: the gradients of a block of consecutive heads of
+/// one batch entry.
+#[derive(Debug)]
+pub(crate) struct BlockGrads<T> {
+    /// The block's first head and its number of heads.
+    first: usize,
+    heads: usize,
+    /// `[L, heads * headdim]`: the x columns of the block's heads.
+    gx: Vec<T>,
+    /// `[L, heads]`.
+    gdt: Vec<T>,
+    /// `[L, 2 ngroups d_state]`: the B and C columns, summed over the block's heads.
+    gbc: Vec<T>,
+    /// `[heads, headdim, d_state]`.
+    gh0: Vec<T>,
+    /// Per head.
+    ga: Vec<T>,
+    /// `[heads, headdim]` or `[heads, 1]`.
+    gd: Vec<T>,
+}
+
+multiversion! {
+    /// The norm's backward for the rows from `first` on: the gradient of `y` into `gy` and of `z`
+    /// into the `z` columns of `gzx`; returns these rows' part of the norm weight's gradient.
+    fn norm_backward_rows<T>(
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T], first: usize,
+        gy: &mut [T], gzx: &mut [T]
+    ) -> Vec<T> {
+        let (g, di, w) = (dims.ngroups, dims.d_inner(), dims.width());
+        let gw = di / g;
+        let mut gnw = vec![T::zero(); di];
+        let mut sig = vec![T::zero(); di];
+        for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
+            let r = first + i;
+            let z = &inp.zx[r * w..r * w + di];
+            sigmoid_into(z, &mut sig);
+            for gi in 0..g {
+                let span = gi * gw..(gi + 1) * gw;
+                let inv = saved.rstd[r * g + gi];
+                let go = &gout[r * di..(r + 1) * di][span.clone()];
+                let yr = &saved.y[r * di..(r + 1) * di][span.clone()];
+                let (z, sig, nw) = (&z[span.clone()], &sig[span.clone()], &prm.norm_w[span.clone()]);
+                let (gnw, gyr, gzr) = (&mut gnw[span.clone()], &mut gyr[span.clone()], &mut gzr[span]);
+                // With v what the norm normalises and g_in the gradient reaching its output,
+                // g_in v = go y silu(z) in either order; `gyr` holds it until its own value.
+                for ((((o, &gov), &yv), &zv), &s) in gyr.iter_mut().zip(go).zip(yr).zip(z).zip(sig) {
+                    *o = gov * yv * zv * s;
+                }
+                for (o, &v) in gnw.iter_mut().zip(gyr.iter()) {
+                    *o = *o + v * inv;
+                }
+                let coef = inv * inv * inv * dot(gyr, nw) / c(gw as f64);
+                let rows = gyr.iter_mut().zip(gzr.iter_mut()).zip(go.iter().zip(yr)).zip(z.iter().zip(sig).zip(nw));
+                if dims.gate_first {
+                    // v = y silu(z), g_in = go.
+                    for (((gyv, gzv), (&gov, &yv)), ((&zv, &s), &wv)) in rows {
+                        let sz = zv * s;
+                        let gv = inv * wv * gov - coef * yv * sz;
+                        *gyv = gv * sz;
+                        *gzv = gv * yv * s * (T::one() + zv * (T::one() - s));
+                    }
+                } else {
+                    // v = y, g_in = go silu(z).
+                    for (((gyv, gzv), (&gov, &yv)), ((&zv, &s), &wv)) in rows {
+                        *gyv = inv * wv * gov * zv * s - coef * yv;
+                        *gzv = gov * yv * inv * wv * s * (T::one() + zv * (T::one() - s));
+                    }
+                }
+            }
+        }
+        gnw
+    }
+}
+
+multiversion! {
+    /// The reverse scan of heads `first..first + heads` of batch entry `b`, given the gradient
+    /// `gy` of the scan's output. Within each segment of [`SEG`] steps the states are recomputed
+    /// from the one saved at the segment's start, then walked back.
+    fn scan_block_backward<T>(
+        dims: &Dims, prm: &Params<T>, saved: &Saved<T>, gy: &[T], gfin: &[T], a: &[T], b: usize, first: usize,
+        heads: usize
+    ) -> BlockGrads<T> {
+        let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+        let (di, cd) = (dims.d_inner(), dims.conv_dim());
+        let (gn, nseg) = (g * n, dims.segments());
+        let d_width = if dims.d_per_channel { p } else { 1 };
+        let mut out = BlockGrads {
+            first,
+            heads,
+            gx: vec![T::zero(); l * heads * p],
+            gdt: vec![T::zero(); l * heads],
+            gbc: vec![T::zero(); l * 2 * gn],
+            gh0: vec![T::zero(); heads * p * n],
+            ga: vec![T::zero(); heads],
+            gd: vec![T::zero(); heads * d_width],
+        };
+        let mut states = vec![T::zero(); (SEG + 1) * p * n];
+        let mut sb = vec![T::zero(); p];
+        for j in 0..heads {
+            let hh = first + j;
+            let bh = b * h + hh;
+            let gi = hh / (h / g);
+            let gh = &mut out.gh0[j * p * n..(j + 1) * p * n];
+            gh.copy_from_slice(&gfin[bh * p * n..(bh + 1) * p * n]);
+            for s in (0..nseg).rev() {
+                let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
+                // Recompute the states of this segment: states[i] is the state before step t0 + i.
+                states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
+                for t in t0..t1 {
+                    let r = b * l + t;
+                    let row = &saved.xa[r * cd..(r + 1) * cd];
+                    let x = &row[hh * p..(hh + 1) * p];
+                    let bv = &row[di + gi * n..di + (gi + 1) * n];
+                    let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
+                    let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
+                    head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
+                }
+                for t in (t0..t1).rev() {
+                    let r = b * l + t;
+                    let row = &saved.xa[r * cd..(r + 1) * cd];
+                    let x = &row[hh * p..(hh + 1) * p];
+                    let bv = &row[di + gi * n..di + (gi + 1) * n];
+                    let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
+                    let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
+                    let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
+                    let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
+                    let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
+                    let (gb_row, gc_row) = out.gbc[t * 2 * gn..(t + 1) * 2 * gn].split_at_mut(gn);
+                    let (gc, gb) = (&mut gc_row[gi * n..(gi + 1) * n], &mut gb_row[gi * n..(gi + 1) * n]);
+                    let g_decay = head_backward(gh, ht, hprev, gyv, x, bv, cv, decay, dtv, gc, gb, &mut sb);
+                    // y = h C + D x: x reaches y directly through D and the state through dt x B.
+                    let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
+                    if dims.d_per_channel {
+                        let (dv, gd) = (&prm.d[hh * p..(hh + 1) * p], &mut out.gd[j * p..(j + 1) * p]);
+                        for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
+                            *o = dq * gyq + dtv * sq;
+                            *gdv = *gdv + gyq * xq;
+                        }
+                    } else {
+                        let dv = prm.d[hh];
+                        for ((o, &gyq), &sq) in gx.iter_mut().zip(gyv).zip(&sb) {
+                            *o = dv * gyq + dtv * sq;
+                        }
+                        out.gd[j] = out.gd[j] + dot(gyv, x);
+                    }
+                    // d decay / d dt = A decay; d decay / d A = dt decay.
+                    out.gdt[t * heads + j] = dot(x, &sb) + g_decay * decay * a[hh];
+                    out.ga[j] = out.ga[j] + g_decay * decay * dtv;
+                }
+            }
+        }
+        out
+    }
+}
+
+multiversion! {
+    /// For the rows from `first` on: the blocks' x, B and C gradients into `gxa` and back through
+    /// the SiLU (so that `gxa` ends as the gradient of the convolution's output), and dt's
+    /// gradient through softplus and clamp into the dt columns of `gzx`. Returns these rows'
+    /// part of dt_bias's gradient.
+    fn scatter_rows<T>(
+        dims: &Dims, saved: &Saved<T>, blocks: &[BlockGrads<T>], nblk: usize, first: usize,
+        gxa: &mut [T], gzx: &mut [T]
+    ) -> Vec<T> {
+        let (l, h, p, w, di, cd) = (dims.len, dims.nheads, dims.headdim, dims.width(), dims.d_inner(), dims.conv_dim());
+        let gn = dims.ngroups * dims.d_state;
+        let mut dtb = vec![T::zero(); h];
+        for (i, (row, gzr)) in gxa.chunks_mut(cd).zip(gzx.chunks_mut(w)).enumerate() {
+            let r = first + i;
+            let (b, t) = (r / l, r % l);
+            for bg in &blocks[b * nblk..(b + 1) * nblk] {
+                let (first, heads) = (bg.first, bg.heads);
+                row[first * p..(first + heads) * p].copy_from_slice(&bg.gx[t * heads * p..(t + 1) * heads * p]);
+                for (o, &v) in row[di..di + 2 * gn].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
+                    *o = *o + v;
+                }
+                for j in 0..heads {
+                    let hh = first + j;
+                    let graw = bg.gdt[t * heads + j] * saved.dt[r * 3 * h + 2 * h + hh];
+                    gzr[di + cd + hh] = graw;
+                    dtb[hh] = dtb[hh] + graw;
+                }
+            }
+            // d silu(x) / dx = s (1 + x (1 - s)), while the row is in cache.
+            let (xc, sxc) = (&saved.xc[r * cd..(r + 1) * cd], &saved.sxc[r * cd..(r + 1) * cd]);
+            for ((v, &x), &s) in row.iter_mut().zip(xc).zip(sxc) {
+                *v = *v * s * (T::one() + x * (T::one() - s));
+            }
+        }
+        dtb
+    }
+}
+
+multiversion! {
+    /// The convolution's backward for the rows from `first` on, given the gradient `gxc` of its
+    /// output (all rows): the gradient of each input row into the `xBC` columns of `gzx` (each
+    /// task writes only its own rows), and these rows' parts of the gradients of the transposed
+    /// weight (`[d_conv, conv_dim]`) and of the bias.
+    fn conv_backward_rows<T>(dims: &Dims, inp: &Inputs<T>, wt: &[T], gxc: &[T], first: usize, gzx: &mut [T]) -> (Vec<T>, Vec<T>) {
+        let (l, k, w, di, cd) = (dims.len, dims.d_conv, dims.width(), dims.d_inner(), dims.conv_dim());
+        let mut gw_t = vec![T::zero(); k * cd];
+        let mut gb = vec![T::zero(); cd];
+        for (i, gzr) in gzx.chunks_mut(w).enumerate() {
+            let r = first + i;
+            let (b, t) = (r / l, r % l);
+            let gxr = &gxc[r * cd..(r + 1) * cd];
+            for (o, &v) in gb.iter_mut().zip(gxr) {
+                *o = *o + v;
+            }
+            let gin = &mut gzr[di..di + cd];
+            for j in 0..k {
+                if let Some(src) = ext_row(dims, inp, b, t as isize + j as isize - (k as isize - 1)) {
+                    for ((o, &x), &gv) in gw_t[j * cd..(j + 1) * cd].iter_mut().zip(src).zip(gxr) {
+                        *o = *o + gv * x;
+                    }
+                }
+                // Input row t feeds output row t + (k - 1 - j) through tap j.
+                let to = t + (k - 1 - j);
+                if to < l {
+                    let gxo = &gxc[(b * l + to) * cd..(b * l + to + 1) * cd];
+                    for ((o, &gv), &wv) in gin.iter_mut().zip(gxo).zip(&wt[j * cd..(j + 1) * cd]) {
+                        *o = *o + wv * gv;
+                    }
+                }
+            }
+        }
+        (gw_t, gb)
+    }
+}
+
 /// The backward pass: gradients of every input, given those of the norm's output (`gout`,
 /// `[batch, L, d_inner]`) and of the final state (`gfin`, `[batch, nheads, headdim, d_state]`).
 pub(crate) fn backward<T: HostFloat>(
@@ -574,9 +842,8 @@ pub(crate) fn backward<T: HostFloat>(
     gout: &[T],
     gfin: &[T],
 ) -> Grads<T> {
-    let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+    let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
-    let gw = di / g;
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
     let mut gzx = vec![T::zero(); rows * w];
 
@@ -586,46 +853,7 @@ pub(crate) fn backward<T: HostFloat>(
         .par_chunks_mut(ROWS_PER_TASK * di)
         .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
         .enumerate()
-        .map(|(task, (gy, gzx))| {
-            let mut gnw = vec![T::zero(); di];
-            let mut sig = vec![T::zero(); di];
-            for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                let go = &gout[r * di..(r + 1) * di];
-                let z = &inp.zx[r * w..r * w + di];
-                let yr = &saved.y[r * di..(r + 1) * di];
-                sigmoid_into(z, &mut sig);
-                for gi in 0..g {
-                    let span = gi * gw..(gi + 1) * gw;
-                    let inv = saved.rstd[r * g + gi];
-                    // v is what the norm normalises; gv_in is the gradient reaching its output.
-                    let mut dot = T::zero();
-                    for ch in span.clone() {
-                        let sz = z[ch] * sig[ch];
-                        let (v, g_in) = if dims.gate_first { (yr[ch] * sz, go[ch]) } else { (yr[ch], go[ch] * sz) };
-                        gnw[ch] = gnw[ch] + g_in * v * inv;
-                        dot = dot + g_in * prm.norm_w[ch] * v;
-                    }
-                    let coef = inv * inv * inv * dot / c(gw as f64);
-                    for ch in span {
-                        let s = sig[ch];
-                        let sz = z[ch] * s;
-                        let dsilu = s * (T::one() + z[ch] * (T::one() - s));
-                        let v = if dims.gate_first { yr[ch] * sz } else { yr[ch] };
-                        let g_in = if dims.gate_first { go[ch] } else { go[ch] * sz };
-                        let gv = inv * prm.norm_w[ch] * g_in - coef * v;
-                        if dims.gate_first {
-                            gyr[ch] = gv * sz;
-                            gzr[ch] = gv * yr[ch] * dsilu;
-                        } else {
-                            gyr[ch] = gv;
-                            gzr[ch] = go[ch] * v * inv * prm.norm_w[ch] * dsilu;
-                        }
-                    }
-                }
-            }
-            gnw
-        })
+        .map(|(task, (gy, gzx))| norm_backward_rows(dims, inp, prm, saved, gout, task * ROWS_PER_TASK, gy, gzx))
         .collect();
     let norm_w = sum_partials(norm_partials, di);
 
@@ -633,112 +861,20 @@ pub(crate) fn backward<T: HostFloat>(
     // per entry when the batch alone keeps every thread busy, smaller blocks otherwise. Each task
     // sums the gradients of B and C over its heads itself, so that what it hands on is one
     // `[L, 2 ngroups d_state]` array, not one per head.
-    let nseg = dims.segments();
     let blocks_per_entry = (2 * rayon::current_num_threads()).div_ceil(dims.batch.max(1)).clamp(1, h);
     let hb = h.div_ceil(blocks_per_entry);
     let nblk = h.div_ceil(hb);
-    let gn = g * n;
-    let d_width = if dims.d_per_channel { p } else { 1 };
-    struct BlockGrads<T> {
-        /// The block's first head and its number of heads.
-        first: usize,
-        heads: usize,
-        /// `[L, heads * headdim]`: the x columns of the block's heads.
-        gx: Vec<T>,
-        /// `[L, heads]`.
-        gdt: Vec<T>,
-        /// `[L, 2 ngroups d_state]`: the B and C columns, summed over the block's heads.
-        gbc: Vec<T>,
-        /// `[heads, headdim, d_state]`.
-        gh0: Vec<T>,
-        /// Per head.
-        ga: Vec<T>,
-        /// `[heads, headdim]` or `[heads, 1]`.
-        gd: Vec<T>,
-    }
     let per_block: Vec<BlockGrads<T>> = (0..dims.batch * nblk)
         .into_par_iter()
         .map(|task| {
             let (b, blk) = (task / nblk, task % nblk);
             let first = blk * hb;
-            let heads = hb.min(h - first);
-            let mut out = BlockGrads {
-                first,
-                heads,
-                gx: vec![T::zero(); l * heads * p],
-                gdt: vec![T::zero(); l * heads],
-                gbc: vec![T::zero(); l * 2 * gn],
-                gh0: vec![T::zero(); heads * p * n],
-                ga: vec![T::zero(); heads],
-                gd: vec![T::zero(); heads * d_width],
-            };
-            let mut states = vec![T::zero(); (SEG + 1) * p * n];
-            let mut sb = vec![T::zero(); p];
-            for j in 0..heads {
-                let hh = first + j;
-                let bh = b * h + hh;
-                let gi = hh / (h / g);
-                let gh = &mut out.gh0[j * p * n..(j + 1) * p * n];
-                gh.copy_from_slice(&gfin[bh * p * n..(bh + 1) * p * n]);
-                for s in (0..nseg).rev() {
-                    let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
-                    // Recompute the states of this segment: states[i] is the state before step
-                    // t0 + i.
-                    states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
-                    for t in t0..t1 {
-                        let r = b * l + t;
-                        let row = &saved.xa[r * cd..(r + 1) * cd];
-                        let x = &row[hh * p..(hh + 1) * p];
-                        let bv = &row[di + gi * n..di + (gi + 1) * n];
-                        let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
-                        let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
-                        head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
-                    }
-                    for t in (t0..t1).rev() {
-                        let r = b * l + t;
-                        let row = &saved.xa[r * cd..(r + 1) * cd];
-                        let x = &row[hh * p..(hh + 1) * p];
-                        let bv = &row[di + gi * n..di + (gi + 1) * n];
-                        let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
-                        let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
-                        let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
-                        let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
-                        let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
-                        let (gb_row, gc_row) = out.gbc[t * 2 * gn..(t + 1) * 2 * gn].split_at_mut(gn);
-                        let g_decay = head_backward(
-                            gh,
-                            ht,
-                            hprev,
-                            gyv,
-                            x,
-                            bv,
-                            cv,
-                            decay,
-                            dtv,
-                            &mut gc_row[gi * n..(gi + 1) * n],
-                            &mut gb_row[gi * n..(gi + 1) * n],
-                            &mut sb,
-                        );
-                        let mut gdt = T::zero();
-                        let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
-                        for pi in 0..p {
-                            let skip = if dims.d_per_channel { prm.d[hh * p + pi] } else { prm.d[hh] };
-                            gx[pi] = skip * gyv[pi] + dtv * sb[pi];
-                            gdt = gdt + x[pi] * sb[pi];
-                            let di_idx = j * d_width + if dims.d_per_channel { pi } else { 0 };
-                            out.gd[di_idx] = out.gd[di_idx] + gyv[pi] * x[pi];
-                        }
-                        // d decay / d dt = A decay; d decay / d A = dt decay.
-                        out.gdt[t * heads + j] = gdt + g_decay * decay * a[hh];
-                        out.ga[j] = out.ga[j] + g_decay * decay * dtv;
-                    }
-                }
-            }
-            out
+            scan_block_backward(dims, prm, saved, &gy, gfin, &a, b, first, hb.min(h - first))
         })
         .collect();
 
     // Per head: h0, A and D.
+    let d_width = if dims.d_per_channel { p } else { 1 };
     let mut h0 = vec![T::zero(); dims.batch * h * p * n];
     let mut a_log = vec![T::zero(); h];
     let mut d = vec![T::zero(); prm.d.len()];
@@ -755,79 +891,23 @@ pub(crate) fn backward<T: HostFloat>(
             }
         }
     }
-    // Per row, in parallel: each block's x, B, C gradients into gxa; dt through softplus and
-    // clamp into gzx, with partial sums for dt_bias.
-    let mut gxa = vec![T::zero(); rows * cd];
-    let dt_partials: Vec<Vec<T>> = gxa
+    // Per row, in parallel: the blocks' gradients into gxa, through the SiLU; dt's into gzx.
+    let mut gxc = vec![T::zero(); rows * cd];
+    let dt_partials: Vec<Vec<T>> = gxc
         .par_chunks_mut(ROWS_PER_TASK * cd)
         .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
         .enumerate()
-        .map(|(task, (gxa_c, gzx_c))| {
-            let mut dtb = vec![T::zero(); h];
-            for (i, (row, gzr)) in gxa_c.chunks_mut(cd).zip(gzx_c.chunks_mut(w)).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                let (b, t) = (r / l, r % l);
-                for bg in &per_block[b * nblk..(b + 1) * nblk] {
-                    let (first, heads) = (bg.first, bg.heads);
-                    row[first * p..(first + heads) * p].copy_from_slice(&bg.gx[t * heads * p..(t + 1) * heads * p]);
-                    for (o, &v) in row[di..di + 2 * gn].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
-                        *o = *o + v;
-                    }
-                    for j in 0..heads {
-                        let hh = first + j;
-                        let graw = bg.gdt[t * heads + j] * saved.dt[r * 3 * h + 2 * h + hh];
-                        gzr[di + cd + hh] = graw;
-                        dtb[hh] = dtb[hh] + graw;
-                    }
-                }
-            }
-            dtb
-        })
+        .map(|(task, (gxc, gzx))| scatter_rows(dims, saved, &per_block, nblk, task * ROWS_PER_TASK, gxc, gzx))
         .collect();
     let dt_bias = sum_partials(dt_partials, h);
 
-    // SiLU, then the convolution: gradient of the pre-convolution rows (gathered, so that each
-    // task writes only its own rows), of the tail, and partial sums for the weight and bias.
-    let mut gxc = gxa;
-    gxc.par_chunks_mut(ROWS_PER_TASK * cd).enumerate().for_each(|(task, rows_)| {
-        for (i, v) in rows_.iter_mut().enumerate() {
-            let x = saved.xc[task * ROWS_PER_TASK * cd + i];
-            let s = saved.sxc[task * ROWS_PER_TASK * cd + i];
-            *v = *v * s * (T::one() + x * (T::one() - s));
-        }
-    });
+    // The convolution: gradient of the pre-convolution rows, of the tail, and partial sums for
+    // the weight and bias.
     let wt = transpose_conv(dims, prm.conv_w);
-    let zeros = vec![T::zero(); cd];
     let conv_partials: Vec<(Vec<T>, Vec<T>)> = gzx
         .par_chunks_mut(ROWS_PER_TASK * w)
         .enumerate()
-        .map(|(task, gzx)| {
-            let mut gw_t = vec![T::zero(); k * cd];
-            let mut gb = vec![T::zero(); cd];
-            for (i, gzr) in gzx.chunks_mut(w).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                let (b, t) = (r / l, r % l);
-                let gxr = &gxc[r * cd..(r + 1) * cd];
-                for (o, &v) in gb.iter_mut().zip(gxr) {
-                    *o = *o + v;
-                }
-                for j in 0..k {
-                    let src = ext_row(dims, inp, &zeros, b, t as isize + j as isize - (k as isize - 1));
-                    for ((o, &x), &gv) in gw_t[j * cd..(j + 1) * cd].iter_mut().zip(src).zip(gxr) {
-                        *o = *o + gv * x;
-                    }
-                    // Input row t feeds output row t + (k - 1 - j) through tap j.
-                    let to = t + (k - 1 - j);
-                    if to < l {
-                        let gxo = &gxc[(b * l + to) * cd..(b * l + to + 1) * cd];
-                        for ((o, &gv), &wv) in gzr[di..di + cd].iter_mut().zip(gxo).zip(&wt[j * cd..(j + 1) * cd]) {
-                            *o = *o + wv * gv;
-                        }
-                    }
-                }
-            }
-            (gw_t, gb)
-        })
+        .map(|(task, gzx)| conv_backward_rows(dims, inp, &wt, &gxc, task * ROWS_PER_TASK, gzx))
         .collect();
     let mut gwt = vec![T::zero(); k * cd];
     let mut conv_b = vec![T::zero(); cd];

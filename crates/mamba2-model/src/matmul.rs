@@ -32,24 +32,48 @@ impl<'a, T> Mat<'a, T> {
 /// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`; `dst` is row-major `[m, n]`,
 /// `lhs` is `[m, k]` and `rhs` `[k, n]`. Runs on the rayon pool.
 pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
-    assert!(dst.len() == m * n && lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its buffers");
-    if m == 0 || n == 0 {
-        return;
-    }
+    assert!(dst.len() == m * n, "matmul: a [{m}, {n}] product does not fit a buffer of {}", dst.len());
     if k == 0 {
         if !accumulate {
             dst.fill(T::zero());
         }
         return;
     }
-    // SAFETY: every index the product reads or writes lies inside its slice (checked above), the
-    // destination is borrowed mutably, and `T` is f32 or f64, which gemm supports.
+    // SAFETY: `dst` holds `m * n` elements and is borrowed mutably.
+    unsafe { gemm_raw(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate) }
+}
+
+/// `lhs · rhs` in a new row-major `[m, n]` buffer that the product writes directly: no zero fill
+/// first, which for the large activations of a step costs as much as a pass over them.
+pub(crate) fn product<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>) -> Vec<T> {
+    if k == 0 {
+        return vec![T::zero(); m * n];
+    }
+    let mut dst = Vec::with_capacity(m * n);
+    // SAFETY: the spare capacity holds `m * n` elements; with `accumulate = false` gemm writes
+    // every one of them and reads none, so all are initialised when the length is set.
+    unsafe {
+        gemm_raw(dst.spare_capacity_mut().as_mut_ptr().cast::<T>(), m, n, k, lhs, rhs, false);
+        dst.set_len(m * n);
+    }
+    dst
+}
+
+/// The product into `dst`, which must point to `m * n` writable elements (read too with
+/// `accumulate`), nothing else borrowing them; `k > 0`.
+unsafe fn gemm_raw<T: HostFloat>(dst: *mut T, m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+    assert!(lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its operands");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: every index the product reads lies inside its operand (checked above), the caller
+    // vouches for `dst`, and `T` is f32 or f64, which gemm supports.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n as isize,
             accumulate,
@@ -73,9 +97,7 @@ pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, 
 pub(crate) fn column_sums<T: HostFloat>(data: &[T], cols: usize) -> Vec<T> {
     let rows = if cols == 0 { 0 } else { data.len() / cols };
     let ones = vec![T::one(); rows];
-    let mut out = vec![T::zero(); cols];
-    matmul(&mut out, 1, cols, rows, Mat::rows(&ones, rows), Mat::rows(data, cols), false);
-    out
+    product(1, cols, rows, Mat::rows(&ones, rows), Mat::rows(data, cols))
 }
 
 #[cfg(test)]
@@ -107,6 +129,8 @@ mod tests {
         let t = naive(&|i, q| a[q * m + i], &|q, j| b[j * k + q]);
         let want: Vec<f64> = before.iter().zip(&t).map(|(p, q)| p + q).collect();
         assert!(close(&dst, &want));
+        assert!(close(&product(m, n, k, Mat::rows(&a, k), Mat::rows(&b, n)), &naive(&|i, q| a[i * k + q], &|q, j| b[q * n + j])));
+        assert_eq!(product(m, n, 0, Mat::rows(&a, 0), Mat::rows(&b, n)), vec![0.0; m * n]);
         let sums = column_sums(&b, n);
         assert!(close(&sums, &(0..n).map(|j| (0..k).map(|q| b[q * n + j]).sum()).collect::<Vec<f64>>()));
     }

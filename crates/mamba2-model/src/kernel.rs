@@ -278,8 +278,6 @@ pub(crate) struct Inputs<'a, T> {
 pub(crate) struct Saved<T> {
     /// Convolution output before the SiLU, `[rows, conv_dim]`.
     xc: Vec<T>,
-    /// `sigmoid(xc)`, kept for the SiLU's derivative.
-    sxc: Vec<T>,
     /// After the SiLU: `x | B | C`, `[rows, conv_dim]`.
     xa: Vec<T>,
     /// Per row `[dt | decay = exp(dt A) | d dt / d dt_raw]`, `[rows, 3 nheads]`: the decay and
@@ -369,9 +367,10 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
 
 multiversion! {
     /// The convolution with its SiLU, and `dt`, for the rows from `first` on (one per `conv_dim`
-    /// of `xa`): the pre-activation into `xc`, its sigmoid into `sxc`, the SiLU into `xa`, and
-    /// `dt` with what the scan and the backward take from it (see [`Saved::dt`]). `xc` and `sxc`
-    /// hold either one row per row of `xa` (kept for the backward) or a single scratch row.
+    /// of `xa`): the pre-activation into `xc`, the SiLU into `xa` (with the sigmoid in the
+    /// scratch row `sxc`), and `dt` with what the scan and the backward take from it (see
+    /// [`Saved::dt`]). `xc` holds either one row per row of `xa` (kept for the backward) or a
+    /// single scratch row.
     fn conv_rows<T>(
         dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, wt: &[T], a: &[T], first: usize,
         xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]
@@ -382,7 +381,7 @@ multiversion! {
             let r = first + i;
             let (b, t) = (r / l, r % l);
             let span = if per_row { i * cd..(i + 1) * cd } else { 0..cd };
-            let (xc, sxc) = (&mut xc[span.clone()], &mut sxc[span]);
+            let xc = &mut xc[span];
             match prm.conv_b {
                 Some(bias) => xc.copy_from_slice(bias),
                 None => xc.fill(T::zero()),
@@ -502,15 +501,16 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     // Convolution + SiLU and dt, in blocks of rows.
     let kept = if keep { rows * cd } else { 0 };
     let mut xc = vec![T::zero(); kept];
-    let mut sxc = vec![T::zero(); kept];
     let mut xa = vec![T::zero(); rows * cd];
     let mut dt = vec![T::zero(); rows * 3 * h];
     let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * 3 * h)).enumerate();
     if keep {
-        // Kept for the backward: every row's pre-activation and its sigmoid.
-        rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd).zip(sxc.par_chunks_mut(ROWS_PER_TASK * cd))).for_each(
-            |((task, (xa, dt)), (xc, sxc))| conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, sxc, xa, dt),
-        );
+        // Kept for the backward: every row's pre-activation (its sigmoid is cheaper to recompute
+        // there than to store and read back).
+        rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd)).for_each(|((task, (xa, dt)), xc)| {
+            let mut sxc = vec![T::zero(); cd];
+            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, &mut sxc, xa, dt);
+        });
     } else {
         // Inference: a scratch row per task instead.
         rows_xa.for_each(|(task, (xa, dt))| {
@@ -550,7 +550,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
             segs
         })
         .collect();
-    (out, fin, Saved { xc, sxc, xa, dt, y, rstd, seg_states })
+    (out, fin, Saved { xc, xa, dt, y, rstd, seg_states })
 }
 
 /// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
@@ -769,6 +769,7 @@ multiversion! {
         let (l, h, p, w, di, cd) = (dims.len, dims.nheads, dims.headdim, dims.width(), dims.d_inner(), dims.conv_dim());
         let gn = dims.ngroups * dims.d_state;
         let mut dtb = vec![T::zero(); h];
+        let mut sxc = vec![T::zero(); cd];
         for (i, (row, gzr)) in gxa.chunks_mut(cd).zip(gzx.chunks_mut(w)).enumerate() {
             let r = first + i;
             let (b, t) = (r / l, r % l);
@@ -786,8 +787,9 @@ multiversion! {
                 }
             }
             // d silu(x) / dx = s (1 + x (1 - s)), while the row is in cache.
-            let (xc, sxc) = (&saved.xc[r * cd..(r + 1) * cd], &saved.sxc[r * cd..(r + 1) * cd]);
-            for ((v, &x), &s) in row.iter_mut().zip(xc).zip(sxc) {
+            let xc = &saved.xc[r * cd..(r + 1) * cd];
+            sigmoid_into(xc, &mut sxc);
+            for ((v, &x), &s) in row.iter_mut().zip(xc).zip(&sxc) {
                 *v = *v * s * (T::one() + x * (T::one() - s));
             }
         }
@@ -954,3 +956,4 @@ fn sum_partials<T: HostFloat>(parts: Vec<Vec<T>>, len: usize) -> Vec<T> {
     }
     total
 }
+

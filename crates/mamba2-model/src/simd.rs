@@ -376,63 +376,107 @@ mod x86 {
         let (n, p) = (b.len(), sb.len());
         assert!(gh.len() == p * n && ht.len() == p * n && hprev.len() == p * n);
         assert!(gy.len() >= p && x.len() >= p && c.len() == n && gc.len() == n && gb.len() == n);
-        sb.fill(<T as num_traits::Zero>::zero());
-        let dec = T::vsplat(decay);
         let mut g_decay = <T as num_traits::Zero>::zero();
-        let (ghp, htp, hqp, bp, cp) = (gh.as_mut_ptr(), ht.as_ptr(), hprev.as_ptr(), b.as_ptr(), c.as_ptr());
+        let step = Step { gh: gh.as_mut_ptr(), ht: ht.as_ptr(), hq: hprev.as_ptr(), gy, x, dec: T::vsplat(decay), dt, n };
         for v0 in (0..n).step_by(BLOCK * T::W) {
-            let nb = ((n - v0) / T::W).min(BLOCK);
-            let mut acc_c = [T::vzero(); BLOCK];
-            let mut acc_b = [T::vzero(); BLOCK];
-            let mut bs = [T::vzero(); BLOCK];
-            let mut cs = [T::vzero(); BLOCK];
-            for j in 0..nb {
-                // SAFETY: v0 + (j + 1) W <= n for every vector of the block.
-                let o = v0 + j * T::W;
-                acc_c[j] = T::vload(gc.as_ptr().add(o));
-                acc_b[j] = T::vload(gb.as_ptr().add(o));
-                bs[j] = T::vload(bp.add(o));
-                cs[j] = T::vload(cp.add(o));
-            }
-            let mut acc_dec = T::vzero();
-            // Rows in groups of W where they divide evenly, for one transposing sum per group.
-            let group = if p % T::W == 0 { T::W } else { 1 };
-            let mut accs_sb = [T::vzero(); 16];
-            let mut sums = [<T as num_traits::Zero>::zero(); 16];
-            for p0 in (0..p).step_by(group) {
-                for (r, acc_sb) in accs_sb[..group].iter_mut().enumerate() {
-                    let pi = p0 + r;
-                    let gyp = T::vsplat(gy[pi]);
-                    let xdt = T::vsplat(x[pi] * dt);
-                    *acc_sb = T::vzero();
-                    for j in 0..nb {
-                        // SAFETY: pi * n + o + W <= p * n, checked above.
-                        let o = pi * n + v0 + j * T::W;
-                        acc_c[j] = T::vfma(gyp, T::vload(htp.add(o)), acc_c[j]);
-                        let g = T::vfma(gyp, cs[j], T::vload(ghp.add(o)));
-                        *acc_sb = T::vfma(g, bs[j], *acc_sb);
-                        acc_dec = T::vfma(g, T::vload(hqp.add(o)), acc_dec);
-                        acc_b[j] = T::vfma(xdt, g, acc_b[j]);
-                        T::vstore(ghp.add(o), T::vmul(g, dec));
-                    }
-                }
-                if group == 1 {
-                    sb[p0] = sb[p0] + T::vsum(accs_sb[0]);
-                } else {
-                    T::vsums(&accs_sb[..group], sums.as_mut_ptr());
-                    for (o, &v) in sb[p0..p0 + group].iter_mut().zip(&sums) {
-                        *o = *o + v;
-                    }
-                }
-            }
-            g_decay = g_decay + T::vsum(acc_dec);
-            for j in 0..nb {
-                let o = v0 + j * T::W;
-                T::vstore(gc.as_mut_ptr().add(o), acc_c[j]);
-                T::vstore(gb.as_mut_ptr().add(o), acc_b[j]);
-            }
+            // SAFETY: the block's vectors lie inside `d_state` (n is a multiple of W, `usable`).
+            let (bv, cv, gcv, gbv) = (b.as_ptr().add(v0), c.as_ptr().add(v0), gc.as_mut_ptr().add(v0), gb.as_mut_ptr().add(v0));
+            // A block size known at compile time keeps the block's sums in registers; with a
+            // run-time size they lived on the stack, loaded and stored around every fused add.
+            g_decay = g_decay
+                + match (n - v0) / T::W {
+                    1 => backward_block::<T, 1>(&step, v0, bv, cv, gcv, gbv, sb),
+                    2 => backward_block::<T, 2>(&step, v0, bv, cv, gcv, gbv, sb),
+                    3 => backward_block::<T, 3>(&step, v0, bv, cv, gcv, gbv, sb),
+                    _ => backward_block::<T, BLOCK>(&step, v0, bv, cv, gcv, gbv, sb),
+                };
         }
         g_decay
+    }
+
+    /// What every block of one reverse step shares.
+    struct Step<'a, T: Lanes> {
+        gh: *mut T,
+        ht: *const T,
+        hq: *const T,
+        gy: &'a [T],
+        x: &'a [T],
+        dec: T::V,
+        dt: T,
+        n: usize,
+    }
+
+    /// [`head_backward`] over the `NB` vectors of `d_state` from `v0` on; `b`, `c`, `gc` and
+    /// `gb` point at the block's first element. Sets `sb` on the first block and adds to it on
+    /// later ones; returns the block's part of the decay's gradient.
+    ///
+    /// # Safety
+    /// As [`head_forward`]; `v0 + NB W <= n` and the pointers cover `NB W` elements.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn backward_block<T: Lanes + num_traits::Float, const NB: usize>(
+        s: &Step<T>,
+        v0: usize,
+        b: *const T,
+        c: *const T,
+        gc: *mut T,
+        gb: *mut T,
+        sb: &mut [T],
+    ) -> T {
+        let (n, p) = (s.n, sb.len());
+        let mut acc_c = [T::vzero(); NB];
+        let mut acc_b = [T::vzero(); NB];
+        let mut bs = [T::vzero(); NB];
+        let mut cs = [T::vzero(); NB];
+        for j in 0..NB {
+            acc_c[j] = T::vload(gc.add(j * T::W));
+            acc_b[j] = T::vload(gb.add(j * T::W));
+            bs[j] = T::vload(b.add(j * T::W));
+            cs[j] = T::vload(c.add(j * T::W));
+        }
+        // One running sum for the decay per vector of the block: a single one would chain all
+        // of a row's fused adds one after another.
+        let mut acc_dec = [T::vzero(); NB];
+        // Rows in groups of W where they divide evenly, for one transposing sum per group.
+        let group = if p % T::W == 0 { T::W } else { 1 };
+        let mut accs_sb = [T::vzero(); 16];
+        let mut sums = [<T as num_traits::Zero>::zero(); 16];
+        for p0 in (0..p).step_by(group) {
+            for (r, acc_sb) in accs_sb[..group].iter_mut().enumerate() {
+                let pi = p0 + r;
+                let gyp = T::vsplat(s.gy[pi]);
+                let xdt = T::vsplat(s.x[pi] * s.dt);
+                let mut acc = T::vzero();
+                for j in 0..NB {
+                    // SAFETY: pi * n + v0 + (j + 1) W <= p * n, checked by the caller.
+                    let o = pi * n + v0 + j * T::W;
+                    acc_c[j] = T::vfma(gyp, T::vload(s.ht.add(o)), acc_c[j]);
+                    let g = T::vfma(gyp, cs[j], T::vload(s.gh.add(o)));
+                    acc = T::vfma(g, bs[j], acc);
+                    acc_dec[j] = T::vfma(g, T::vload(s.hq.add(o)), acc_dec[j]);
+                    acc_b[j] = T::vfma(xdt, g, acc_b[j]);
+                    T::vstore(s.gh.add(o), T::vmul(g, s.dec));
+                }
+                *acc_sb = acc;
+            }
+            if group == 1 {
+                let v = T::vsum(accs_sb[0]);
+                sb[p0] = if v0 == 0 { v } else { sb[p0] + v };
+            } else if v0 == 0 {
+                // SAFETY: p0 + W <= p = sb.len().
+                T::vsums(&accs_sb[..group], sb.as_mut_ptr().add(p0));
+            } else {
+                T::vsums(&accs_sb[..group], sums.as_mut_ptr());
+                for (o, &v) in sb[p0..p0 + group].iter_mut().zip(&sums) {
+                    *o = *o + v;
+                }
+            }
+        }
+        for j in 0..NB {
+            T::vstore(gc.add(j * T::W), acc_c[j]);
+            T::vstore(gb.add(j * T::W), acc_b[j]);
+        }
+        T::vsum(acc_dec[1..].iter().fold(acc_dec[0], |a, &v| T::vadd(a, v)))
     }
 }
 
@@ -503,3 +547,4 @@ mod tests {
         sums_match::<f64>();
     }
 }
+

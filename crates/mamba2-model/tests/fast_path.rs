@@ -27,9 +27,11 @@ fn cases() -> Vec<Case> {
         ("G2 bias", base().with_ngroups(2).with_bias(true)),
         ("D per channel, norm first", base().with_d_has_hdim(true).with_norm_before_gate(true)),
         ("dt limit, no conv bias", base().with_dt_limit_lo(0.01).with_dt_limit_hi(Some(0.05)).with_conv_bias(false)),
-        // d_state 16 and 80 take the AVX-512 loops for f32 as well (d_state 8 only for f64), and
-        // 80 = 5 vectors of f32, 10 of f64, walks the reverse step's blocks of 4 vectors.
+        // d_state 16, 48 and 80 take the AVX-512 loops for f32 as well (d_state 8 only for f64).
+        // The reverse step walks d_state in blocks of up to 4 vectors, compiled per block size:
+        // 16 is 1 vector of f32 (2 of f64), 48 is 3 (4 + 2), 80 is 4 + 1 (4 + 4 + 2).
         ("d_state 16", base().with_d_state(16)),
+        ("d_state 48", base().with_d_state(48)),
         ("d_state 80, G2", base().with_d_state(80).with_headdim(4).with_ngroups(2)),
         // headdim 16 (8 for f64 above) takes the scan's grouped sums of 16 rows in f32.
         ("headdim 16, d_state 16", base().with_d_state(16).with_headdim(16)),

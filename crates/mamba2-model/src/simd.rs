@@ -279,12 +279,14 @@ mod x86 {
         n > 0 && n % T::W == 0 && std::is_x86_feature_detected!("avx512f")
     }
 
-    /// As `kernel::head_forward`.
+    /// As `kernel::head_forward`. `d_state` is walked in blocks of up to [`BLOCK`] vectors whose
+    /// `B` and `C` stay in registers across the rows, so that each element of the state costs one
+    /// load rather than three.
     ///
     /// # Safety
     /// The CPU supports AVX-512F and `b.len()` is a multiple of `T::W` ([`usable`]).
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn head_forward<T: Lanes + std::ops::Mul<Output = T>>(
+    pub(crate) unsafe fn head_forward<T: Lanes + num_traits::Float>(
         state: &mut [T],
         x: &[T],
         b: &[T],
@@ -295,39 +297,80 @@ mod x86 {
     ) {
         let (n, p) = (b.len(), x.len());
         assert!(state.len() == p * n && c.len() == n && y.len() == p);
-        let (hp, bp, cp) = (state.as_mut_ptr(), b.as_ptr(), c.as_ptr());
-        let dec = T::vsplat(decay);
-        // Rows in groups of W where they divide evenly, for one transposing sum per group.
-        let group = if p % T::W == 0 { T::W } else { 1 };
-        let mut accs = [T::vzero(); 16];
-        for p0 in (0..p).step_by(group) {
-            for (r, acc) in accs[..group].iter_mut().enumerate() {
-                let pi = p0 + r;
-                let xdt = T::vsplat(x[pi] * dt);
-                *acc = T::vzero();
-                for v in (0..n).step_by(T::W) {
-                    // SAFETY: pi * n + v + W <= p * n = state.len(), and v + W <= n for b and c.
-                    let hv = hp.add(pi * n + v);
-                    let h = T::vfma(dec, T::vload(hv), T::vmul(xdt, T::vload(bp.add(v))));
-                    T::vstore(hv, h);
-                    *acc = T::vfma(h, T::vload(cp.add(v)), *acc);
-                }
-            }
-            if group == 1 {
-                y[p0] = T::vsum(accs[0]);
-            } else {
-                // SAFETY: p0 + W <= p = y.len().
-                T::vsums(&accs[..group], y.as_mut_ptr().add(p0));
+        for v0 in (0..n).step_by(BLOCK * T::W) {
+            // SAFETY: the block's vectors lie inside `d_state` (n is a multiple of W, `usable`).
+            let (h, bv, cv) = (state.as_mut_ptr().add(v0), b.as_ptr().add(v0), c.as_ptr().add(v0));
+            match (n - v0) / T::W {
+                1 => forward_block::<T, 1>(h, n, bv, cv, x, decay, dt, y, v0 == 0),
+                2 => forward_block::<T, 2>(h, n, bv, cv, x, decay, dt, y, v0 == 0),
+                3 => forward_block::<T, 3>(h, n, bv, cv, x, decay, dt, y, v0 == 0),
+                _ => forward_block::<T, BLOCK>(h, n, bv, cv, x, decay, dt, y, v0 == 0),
             }
         }
     }
 
-    /// As `kernel::head_state`.
+    /// [`head_forward`] over `NB` vectors of `d_state`: `h` points at the block's first element
+    /// of row 0 (rows `n` apart), `b` and `c` at the block's. Sets `y` on the first block and
+    /// adds to it on later ones.
+    ///
+    /// # Safety
+    /// As [`head_forward`]; every row's block lies inside the state.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn forward_block<T: Lanes + num_traits::Float, const NB: usize>(
+        h: *mut T,
+        n: usize,
+        b: *const T,
+        c: *const T,
+        x: &[T],
+        decay: T,
+        dt: T,
+        y: &mut [T],
+        first: bool,
+    ) {
+        let p = x.len();
+        let dec = T::vsplat(decay);
+        let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
+        let cs: [T::V; NB] = std::array::from_fn(|j| T::vload(c.add(j * T::W)));
+        // Rows in groups of W where they divide evenly, for one transposing sum per group.
+        let group = if p % T::W == 0 { T::W } else { 1 };
+        let mut accs = [T::vzero(); 16];
+        let mut sums = [<T as num_traits::Zero>::zero(); 16];
+        for p0 in (0..p).step_by(group) {
+            for (r, out) in accs[..group].iter_mut().enumerate() {
+                let pi = p0 + r;
+                let xdt = T::vsplat(x[pi] * dt);
+                let mut acc = T::vzero();
+                for j in 0..NB {
+                    let hv = h.add(pi * n + j * T::W);
+                    let v = T::vfma(dec, T::vload(hv), T::vmul(xdt, bs[j]));
+                    T::vstore(hv, v);
+                    acc = T::vfma(v, cs[j], acc);
+                }
+                *out = acc;
+            }
+            if group == 1 {
+                let v = T::vsum(accs[0]);
+                y[p0] = if first { v } else { y[p0] + v };
+            } else if first {
+                // SAFETY: p0 + W <= p = y.len().
+                T::vsums(&accs[..group], y.as_mut_ptr().add(p0));
+            } else {
+                T::vsums(&accs[..group], sums.as_mut_ptr());
+                for (o, &v) in y[p0..p0 + group].iter_mut().zip(&sums) {
+                    *o = *o + v;
+                }
+            }
+        }
+    }
+
+    /// As `kernel::head_state`, in blocks of `d_state` as [`head_forward`].
     ///
     /// # Safety
     /// As [`head_forward`].
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn head_state<T: Lanes + std::ops::Mul<Output = T>>(
+    pub(crate) unsafe fn head_state<T: Lanes + num_traits::Float>(
         next: &mut [T],
         prev: &[T],
         x: &[T],
@@ -337,14 +380,40 @@ mod x86 {
     ) {
         let (n, p) = (b.len(), x.len());
         assert!(next.len() >= p * n && prev.len() >= p * n);
-        let (np, pp, bp) = (next.as_mut_ptr(), prev.as_ptr(), b.as_ptr());
+        for v0 in (0..n).step_by(BLOCK * T::W) {
+            // SAFETY: as in `head_forward`.
+            let (np, pp, bv) = (next.as_mut_ptr().add(v0), prev.as_ptr().add(v0), b.as_ptr().add(v0));
+            match (n - v0) / T::W {
+                1 => state_block::<T, 1>(np, pp, n, bv, x, decay, dt),
+                2 => state_block::<T, 2>(np, pp, n, bv, x, decay, dt),
+                3 => state_block::<T, 3>(np, pp, n, bv, x, decay, dt),
+                _ => state_block::<T, BLOCK>(np, pp, n, bv, x, decay, dt),
+            }
+        }
+    }
+
+    /// [`head_state`] over `NB` vectors of `d_state`, pointers as in [`forward_block`].
+    ///
+    /// # Safety
+    /// As [`forward_block`], for `next` and `prev` both.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn state_block<T: Lanes + num_traits::Float, const NB: usize>(
+        next: *mut T,
+        prev: *const T,
+        n: usize,
+        b: *const T,
+        x: &[T],
+        decay: T,
+        dt: T,
+    ) {
         let dec = T::vsplat(decay);
+        let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
         for (pi, &xv) in x.iter().enumerate() {
             let xdt = T::vsplat(xv * dt);
-            for v in (0..n).step_by(T::W) {
-                // SAFETY: every index is below p * n, checked above, or below n for b.
-                let o = pi * n + v;
-                T::vstore(np.add(o), T::vfma(dec, T::vload(pp.add(o)), T::vmul(xdt, T::vload(bp.add(v)))));
+            for j in 0..NB {
+                let o = pi * n + j * T::W;
+                T::vstore(next.add(o), T::vfma(dec, T::vload(prev.add(o)), T::vmul(xdt, bs[j])));
             }
         }
     }
@@ -547,4 +616,5 @@ mod tests {
         sums_match::<f64>();
     }
 }
+
 

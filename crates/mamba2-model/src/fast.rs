@@ -22,10 +22,8 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::prelude::*;
 use burn::tensor::{Element, TensorData, TensorPrimitive};
 
-use rayon::prelude::*;
-
 use crate::kernel::{self, Dims, HostFloat, Inputs, Params};
-use crate::matmul::{column_sums, matmul, product, Mat};
+use crate::matmul::{affine, column_sums, product, Mat};
 
 thread_local! {
     static GENERIC_ONLY: Cell<bool> = const { Cell::new(false) };
@@ -264,28 +262,12 @@ fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<M
     let dims = a.dims;
     let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
     let (u, in_w) = (Mat::rows(a.u.get(), dm), Mat::rows(a.in_w.get(), w));
-    let zx = match &a.in_b {
-        Some(bias) => {
-            let mut zx = vec![T::zero(); rows * w];
-            zx.par_chunks_mut(w.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
-            matmul(&mut zx, rows, w, dm, u, in_w, true);
-            zx
-        }
-        None => product(rows, w, dm, u, in_w),
-    };
+    let zx = affine(rows, w, dm, u, in_w, a.in_b.as_ref().map(HostBuf::get));
     let (normed, fin, core) = kernel::forward(&dims, &a.inputs(&zx), &a.params(), keep);
 
     let [ny, ns, nt] = packed_parts(&dims);
     let (x, out_w) = (Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm));
-    let mut out = match &a.out_b {
-        Some(bias) => {
-            let mut y = vec![T::zero(); ny];
-            y.par_chunks_mut(dm.max(1)).for_each(|row| row.copy_from_slice(bias.get()));
-            matmul(&mut y, rows, dm, di, x, out_w, true);
-            y
-        }
-        None => product(rows, dm, di, x, out_w),
-    };
+    let mut out = affine(rows, dm, di, x, out_w, a.out_b.as_ref().map(HostBuf::get));
     out.reserve_exact(ns + nt);
     out.extend_from_slice(&fin);
     for i in 0..dims.batch * (dims.d_conv - 1) {

@@ -367,16 +367,16 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
 
 multiversion! {
     /// The convolution with its SiLU, and `dt`, for the rows from `first` on (one per `conv_dim`
-    /// of `xa`): the pre-activation into `xc`, the SiLU into `xa` (with the sigmoid in the
-    /// scratch row `sxc`), and `dt` with what the scan and the backward take from it (see
-    /// [`Saved::dt`]). `xc` holds either one row per row of `xa` (kept for the backward) or a
-    /// single scratch row.
+    /// of `xa`): the pre-activation into `xc`, the SiLU into `xa`, and `dt` with what the scan
+    /// and the backward take from it (see [`Saved::dt`]). `xc` holds either one row per row of
+    /// `xa` (kept for the backward) or a single scratch row.
     fn conv_rows<T>(
         dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, wt: &[T], a: &[T], first: usize,
-        xc: &mut [T], sxc: &mut [T], xa: &mut [T], dt: &mut [T]
+        xc: &mut [T], xa: &mut [T], dt: &mut [T]
     ) {
         let (l, h, k, w, di, cd) = (dims.len, dims.nheads, dims.d_conv, dims.width(), dims.d_inner(), dims.conv_dim());
         let per_row = xc.len() == xa.len();
+        let mut sxc = vec![T::zero(); cd];
         for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).enumerate() {
             let r = first + i;
             let (b, t) = (r / l, r % l);
@@ -393,7 +393,7 @@ multiversion! {
                     }
                 }
             }
-            sigmoid_into(xc, sxc);
+            sigmoid_into(xc, &mut sxc);
             for ((o, &s), &v) in xa.iter_mut().zip(sxc.iter()).zip(xc.iter()) {
                 *o = v * s;
             }
@@ -508,15 +508,13 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         // Kept for the backward: every row's pre-activation (its sigmoid is cheaper to recompute
         // there than to store and read back).
         rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd)).for_each(|((task, (xa, dt)), xc)| {
-            let mut sxc = vec![T::zero(); cd];
-            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, &mut sxc, xa, dt);
+            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, xa, dt)
         });
     } else {
         // Inference: a scratch row per task instead.
         rows_xa.for_each(|(task, (xa, dt))| {
-            let mut scratch = vec![T::zero(); 2 * cd];
-            let (xc, sxc) = scratch.split_at_mut(cd);
-            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, sxc, xa, dt);
+            let mut xc = vec![T::zero(); cd];
+            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, &mut xc, xa, dt);
         });
     }
 

@@ -2,6 +2,8 @@
 //! one Burn's Flex backend calls too), writing into buffers the kernel owns, so that no tensor is
 //! allocated, zero-filled and copied again around each product.
 
+use rayon::prelude::*;
+
 use crate::kernel::HostFloat;
 
 /// A matrix read from a slice: element `(i, j)` is `data[i * rs + j * cs]`.
@@ -56,6 +58,17 @@ pub(crate) fn product<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, r
         gemm_raw(dst.spare_capacity_mut().as_mut_ptr().cast::<T>(), m, n, k, lhs, rhs, false);
         dst.set_len(m * n);
     }
+    dst
+}
+
+/// A linear layer's output `[m, n]`: `lhs · rhs`, plus `bias` (`[n]`) on every row when given.
+pub(crate) fn affine<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, bias: Option<&[T]>) -> Vec<T> {
+    let Some(bias) = bias else {
+        return product(m, n, k, lhs, rhs);
+    };
+    let mut dst = vec![T::zero(); m * n];
+    dst.par_chunks_mut(n.max(1)).for_each(|row| row.copy_from_slice(bias));
+    matmul(&mut dst, m, n, k, lhs, rhs, true);
     dst
 }
 

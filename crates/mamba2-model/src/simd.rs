@@ -336,7 +336,6 @@ mod x86 {
         // Rows in groups of W where they divide evenly, for one transposing sum per group.
         let group = if p % T::W == 0 { T::W } else { 1 };
         let mut accs = [T::vzero(); 16];
-        let mut sums = [<T as num_traits::Zero>::zero(); 16];
         for p0 in (0..p).step_by(group) {
             for (r, out) in accs[..group].iter_mut().enumerate() {
                 let pi = p0 + r;
@@ -350,17 +349,30 @@ mod x86 {
                 }
                 *out = acc;
             }
-            if group == 1 {
-                let v = T::vsum(accs[0]);
-                y[p0] = if first { v } else { y[p0] + v };
-            } else if first {
-                // SAFETY: p0 + W <= p = y.len().
-                T::vsums(&accs[..group], y.as_mut_ptr().add(p0));
-            } else {
-                T::vsums(&accs[..group], sums.as_mut_ptr());
-                for (o, &v) in y[p0..p0 + group].iter_mut().zip(&sums) {
-                    *o = *o + v;
-                }
+            put_row_sums(&accs[..group], &mut y[p0..p0 + group], first);
+        }
+    }
+
+    /// Each vector's sum (one per row of a group: one row, or W rows summed by one transposing
+    /// tree, [`Lanes::vsums`]) into `out`: set on a row's first block of `d_state`, added to on
+    /// the later ones.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `accs` holds 1 or `T::W` vectors, as many as `out` has values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn put_row_sums<T: Lanes + num_traits::Float>(accs: &[T::V], out: &mut [T], first: bool) {
+        assert!(accs.len() == out.len() && (accs.len() == 1 || accs.len() == T::W));
+        if accs.len() == 1 {
+            let v = T::vsum(accs[0]);
+            out[0] = if first { v } else { out[0] + v };
+        } else if first {
+            T::vsums(accs, out.as_mut_ptr());
+        } else {
+            let mut sums = [<T as num_traits::Zero>::zero(); 16];
+            T::vsums(accs, sums.as_mut_ptr());
+            for (o, &v) in out.iter_mut().zip(&sums) {
+                *o = *o + v;
             }
         }
     }
@@ -509,7 +521,6 @@ mod x86 {
         // Rows in groups of W where they divide evenly, for one transposing sum per group.
         let group = if p % T::W == 0 { T::W } else { 1 };
         let mut accs_sb = [T::vzero(); 16];
-        let mut sums = [<T as num_traits::Zero>::zero(); 16];
         for p0 in (0..p).step_by(group) {
             for (r, acc_sb) in accs_sb[..group].iter_mut().enumerate() {
                 let pi = p0 + r;
@@ -528,18 +539,7 @@ mod x86 {
                 }
                 *acc_sb = acc;
             }
-            if group == 1 {
-                let v = T::vsum(accs_sb[0]);
-                sb[p0] = if v0 == 0 { v } else { sb[p0] + v };
-            } else if v0 == 0 {
-                // SAFETY: p0 + W <= p = sb.len().
-                T::vsums(&accs_sb[..group], sb.as_mut_ptr().add(p0));
-            } else {
-                T::vsums(&accs_sb[..group], sums.as_mut_ptr());
-                for (o, &v) in sb[p0..p0 + group].iter_mut().zip(&sums) {
-                    *o = *o + v;
-                }
-            }
+            put_row_sums(&accs_sb[..group], &mut sb[p0..p0 + group], v0 == 0);
         }
         for j in 0..NB {
             T::vstore(gc.add(j * T::W), acc_c[j]);

@@ -22,9 +22,7 @@ impl<B: Backend> Mamba2Block<B> {
     /// # Shapes
     /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]`
     pub fn forward(&self, h: Tensor<B, 3>, state: Option<MixerState<B>>) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        let eps = self.mixer.config().norm_eps;
-        let (mixed, state) = self.mixer.forward(self.norm.forward(h.clone(), eps), state)?;
-        Ok((h + mixed, state))
+        self.mixer.forward_block(h, state, &self.norm)
     }
 
     /// # Shapes

@@ -65,6 +65,10 @@ pub(crate) struct MixerArgs<B: Backend> {
     /// `out_proj`: `[d_inner, d_model]` and `[d_model]`.
     pub out_w: Tensor<B, 2>,
     pub out_b: Option<Tensor<B, 1>>,
+    /// The block around the mixer, when given: the weight `[d_model]` of the RMS norm in front of
+    /// it. Then `u` is the block's input, the mixer reads its norm, and the output is `u` plus
+    /// the mixer's (the residual).
+    pub pre_w: Option<Tensor<B, 1>>,
 }
 
 /// What the mixer gives back: its output and the state after the last step.
@@ -160,14 +164,15 @@ struct HostArgs<T> {
     norm_w: HostBuf<T>,
     out_w: HostBuf<T>,
     out_b: Option<HostBuf<T>>,
+    pre_w: Option<HostBuf<T>>,
 }
 
-const PARENTS: usize = 13;
+const PARENTS: usize = 14;
 
 impl<T: HostFloat> HostArgs<T> {
     /// From the inputs in the order of the autodiff node's parents, `None` for an absent one.
     fn new<B: Backend>(dims: Dims, parts: [Option<B::FloatTensorPrimitive>; PARENTS]) -> Self {
-        let [u, in_w, in_b, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w, out_w, out_b] =
+        let [u, in_w, in_b, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w, out_w, out_b, pre_w] =
             parts.map(|t| t.map(host::<B, T>));
         let required = |v: Option<HostBuf<T>>| v.expect("the input and the weights are always given");
         Self {
@@ -185,6 +190,7 @@ impl<T: HostFloat> HostArgs<T> {
             norm_w: required(norm_w),
             out_w: required(out_w),
             out_b,
+            pre_w,
         }
     }
     fn params(&self) -> Params<'_, T> {
@@ -223,6 +229,7 @@ impl<B: Backend> MixerArgs<B> {
             Some(flat(self.norm_w)),
             Some(self.out_w),
             self.out_b.map(flat),
+            self.pre_w.map(flat),
         ];
         (self.dims, parts)
     }
@@ -236,6 +243,9 @@ struct MixerSaved<T> {
     /// The gated norm's output, the `out_proj` input, `[rows, d_inner]`.
     normed: Vec<T>,
     core: kernel::Saved<T>,
+    /// With the block's norm: its output, the `in_proj` input (`[rows, d_model]`), and `1 / rms`
+    /// per row.
+    pre: Option<(Vec<T>, Vec<T>)>,
 }
 
 /// Lengths of the three parts of the packed output: `y`, the final scan state, the conv tail.
@@ -261,13 +271,16 @@ fn tail_source(dims: &Dims, b: usize, s: usize) -> Result<usize, usize> {
 fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<MixerSaved<T>>) {
     let dims = a.dims;
     let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
-    let (u, in_w) = (Mat::rows(a.u.get(), dm), Mat::rows(a.in_w.get(), w));
-    let zx = affine(rows, w, dm, u, in_w, a.in_b.as_ref().map(HostBuf::get));
+    let pre = a.pre_w.as_ref().map(|pw| kernel::rms_norm(a.u.get(), pw.get(), dims.eps));
+    let u = pre.as_ref().map_or(a.u.get(), |(normed, _)| normed);
+    let (u, in_w) = (Mat::rows(u, dm), Mat::rows(a.in_w.get(), w));
+    let zx = affine(rows, w, dm, u, in_w, a.in_b.as_ref().map(HostBuf::get), None);
     let (normed, fin, core) = kernel::forward(&dims, &a.inputs(&zx), &a.params(), keep);
 
     let [ny, ns, nt] = packed_parts(&dims);
     let (x, out_w) = (Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm));
-    let mut out = affine(rows, dm, di, x, out_w, a.out_b.as_ref().map(HostBuf::get));
+    let residual = pre.is_some().then(|| a.u.get());
+    let mut out = affine(rows, dm, di, x, out_w, a.out_b.as_ref().map(HostBuf::get), residual);
     out.reserve_exact(ns + nt);
     out.extend_from_slice(&fin);
     for i in 0..dims.batch * (dims.d_conv - 1) {
@@ -279,7 +292,7 @@ fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<M
         }
     }
     debug_assert_eq!(out.len(), ny + ns + nt);
-    (out, keep.then_some(MixerSaved { zx, normed, core }))
+    (out, keep.then_some(MixerSaved { zx, normed, core, pre }))
 }
 
 /// The mixer's backward on host buffers: the gradient of every parent, given that of the
@@ -310,12 +323,18 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
         }
     }
 
-    // in_proj: its weight, its bias, and the gradient of the input.
-    let in_w = product(dm, w, rows, Mat::transposed(a.u.get(), dm), Mat::rows(&g.zx, w));
+    // in_proj: its weight, its bias, and the gradient of its input.
+    let x_in = saved.pre.as_ref().map_or(a.u.get(), |(normed, _)| normed);
+    let in_w = product(dm, w, rows, Mat::transposed(x_in, dm), Mat::rows(&g.zx, w));
     let in_b = if a.in_b.is_some() { column_sums(&g.zx, w) } else { Vec::new() };
-    let u = product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
+    let g_in = product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
+    // With the block around the mixer, `u` reaches the output through the norm and directly.
+    let (u, pre_w) = match (&saved.pre, &a.pre_w) {
+        (Some((_, rstd)), Some(pw)) => kernel::rms_norm_backward(a.u.get(), pw.get(), rstd, &g_in, gy),
+        _ => (g_in, Vec::new()),
+    };
 
-    [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b]
+    [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b, pre_w]
 }
 
 /// The parents' shapes, in order, for the gradients handed back to Burn.
@@ -336,6 +355,7 @@ fn parent_shapes(a: &HostArgs<impl HostFloat>) -> [Vec<usize>; PARENTS] {
         vec![1, a.d.get().len()],
         vec![1, di],
         vec![di, dm],
+        vec![1, dm],
         vec![1, dm],
     ]
 }

@@ -118,6 +118,25 @@ fn dot<T: HostFloat>(a: &[T], b: &[T]) -> T {
     total
 }
 
+/// `sum a b c` in [`LANES`] partial sums.
+#[inline(always)]
+fn dot3<T: HostFloat>(a: &[T], b: &[T], c: &[T]) -> T {
+    let (av, ar) = a.as_chunks::<LANES>();
+    let (bv, br) = b.as_chunks::<LANES>();
+    let (cv, cr) = c.as_chunks::<LANES>();
+    let mut acc = [T::zero(); LANES];
+    for ((ac, bc), cc) in av.iter().zip(bv).zip(cv) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + ac[l] * bc[l] * cc[l];
+        }
+    }
+    let mut total = reduce(acc);
+    for ((&x, &y), &z) in ar.iter().zip(br).zip(cr) {
+        total = total + x * y * z;
+    }
+    total
+}
+
 multiversion! {
     /// One step of one head: `h = decay h + dt x B`, `y[p] = h[p] . C` for every row `p`.
     fn head_forward_plain<T>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, y: &mut [T]) {
@@ -500,9 +519,9 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
 
     // Convolution + SiLU and dt, in blocks of rows.
     let kept = if keep { rows * cd } else { 0 };
-    let mut xc = vec![T::zero(); kept];
-    let mut xa = vec![T::zero(); rows * cd];
-    let mut dt = vec![T::zero(); rows * 3 * h];
+    let mut xc = zeros(kept);
+    let mut xa = zeros(rows * cd);
+    let mut dt = zeros(rows * 3 * h);
     let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * 3 * h)).enumerate();
     if keep {
         // Kept for the backward: every row's pre-activation (its sigmoid is cheaper to recompute
@@ -526,10 +545,10 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     // Each row's heads gathered into `y`, then the gated norm written straight into `out`; batch
     // entries and row blocks in parallel.
     let sl = dims.state_len();
-    let mut y = vec![T::zero(); rows * di];
-    let mut rstd = vec![T::zero(); rows * g];
-    let mut out = vec![T::zero(); rows * di];
-    let mut fin = vec![T::zero(); dims.batch * sl];
+    let mut y = zeros(rows * di);
+    let mut rstd = zeros(rows * g);
+    let mut out = zeros(rows * di);
+    let mut fin = zeros(dims.batch * sl);
     for (bh, (_, segs)) in per_head.iter().enumerate() {
         fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(&segs[nseg * p * n..]);
     }
@@ -845,10 +864,10 @@ pub(crate) fn backward<T: HostFloat>(
     let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
-    let mut gzx = vec![T::zero(); rows * w];
+    let mut gzx = zeros(rows * w);
 
     // Norm: gradient of y (into gy) and of z (into gzx), and partial sums for the norm weight.
-    let mut gy = vec![T::zero(); rows * di];
+    let mut gy = zeros(rows * di);
     let norm_partials: Vec<Vec<T>> = gy
         .par_chunks_mut(ROWS_PER_TASK * di)
         .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
@@ -875,7 +894,7 @@ pub(crate) fn backward<T: HostFloat>(
 
     // Per head: h0, A and D.
     let d_width = if dims.d_per_channel { p } else { 1 };
-    let mut h0 = vec![T::zero(); dims.batch * h * p * n];
+    let mut h0 = zeros(dims.batch * h * p * n);
     let mut a_log = vec![T::zero(); h];
     let mut d = vec![T::zero(); prm.d.len()];
     for (task, bg) in per_block.iter().enumerate() {
@@ -892,7 +911,7 @@ pub(crate) fn backward<T: HostFloat>(
         }
     }
     // Per row, in parallel: the blocks' gradients into gxa, through the SiLU; dt's into gzx.
-    let mut gxc = vec![T::zero(); rows * cd];
+    let mut gxc = zeros(rows * cd);
     let dt_partials: Vec<Vec<T>> = gxc
         .par_chunks_mut(ROWS_PER_TASK * cd)
         .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
@@ -943,6 +962,92 @@ pub(crate) fn backward<T: HostFloat>(
     }
 
     Grads { zx: gzx, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w }
+}
+
+// The block's RMS norm in front of the mixer (one group over `d_model`, no gate), for the fused
+// block of `fast.rs`: as tensor operations it is a dozen single-threaded passes per layer and
+// direction; here it is one parallel pass over the rows each way.
+
+multiversion! {
+    /// `out = x / rms(x) * w` for each row of `x` (rows of `w.len()` values), `1 / rms` into `rstd`.
+    fn rms_rows<T>(x: &[T], w: &[T], eps: T, out: &mut [T], rstd: &mut [T]) {
+        let d = w.len();
+        for ((xr, or), inv_out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(rstd.iter_mut()) {
+            let inv = T::one() / (dot(xr, xr) / c(d as f64) + eps).sqrt();
+            *inv_out = inv;
+            for ((o, &v), &wv) in or.iter_mut().zip(xr).zip(w) {
+                *o = v * inv * wv;
+            }
+        }
+    }
+}
+
+/// A vector of `len` zeros, written by the rayon pool: a single thread's `memset` of the large
+/// buffers of a step leaves the other cores idle for as long as it takes.
+pub(crate) fn zeros<T: HostFloat>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    v.par_extend(rayon::iter::repeat_n(T::zero(), len));
+    v
+}
+
+/// A copy of `src`, written by the rayon pool (see [`zeros`]).
+pub(crate) fn filled<T: HostFloat>(src: &[T]) -> Vec<T> {
+    let mut v = Vec::with_capacity(src.len());
+    v.par_extend(src.par_iter().copied());
+    v
+}
+
+/// The block's RMS norm of `x` (`[rows, w.len()]`): the normalised rows and `1 / rms` per row.
+pub(crate) fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
+    let d = w.len().max(1);
+    let rows = x.len() / d;
+    let mut out = zeros(rows * d);
+    let mut rstd = zeros(rows);
+    out.par_chunks_mut(ROWS_PER_TASK * d).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(|(task, (o, r))| {
+        let first = task * ROWS_PER_TASK * d;
+        rms_rows(&x[first..first + o.len()], w, c(eps), o, r)
+    });
+    (out, rstd)
+}
+
+multiversion! {
+    /// The norm's backward for a block of rows: `gx` holds the gradient that reaches `x` another
+    /// way (the residual) and gets the norm's part added; returns these rows' part of `w`'s
+    /// gradient. `g` is the gradient of the norm's output.
+    fn rms_backward_rows<T>(x: &[T], w: &[T], rstd: &[T], g: &[T], gx: &mut [T]) -> Vec<T> {
+        let d = w.len();
+        let mut gw = vec![T::zero(); d];
+        let rows = x.chunks_exact(d).zip(g.chunks_exact(d)).zip(gx.chunks_exact_mut(d)).zip(rstd);
+        for (((xr, gr), gxr), &inv) in rows {
+            // With xh = x inv: dL/dx = inv (g w) - inv^3 x sum(g w x) / d.
+            for (gwv, (&gv, &xv)) in gw.iter_mut().zip(gr.iter().zip(xr)) {
+                *gwv = *gwv + gv * xv * inv;
+            }
+            let coef = inv * inv * inv * dot3(gr, w, xr) / c(d as f64);
+            for ((o, (&gv, &xv)), &wv) in gxr.iter_mut().zip(gr.iter().zip(xr)).zip(w) {
+                *o = *o + inv * gv * wv - coef * xv;
+            }
+        }
+        gw
+    }
+}
+
+/// The block norm's backward: the gradient of `x` (`[rows, d]`), that reaching it around the
+/// norm (`around`, the residual's) plus the norm's part, given the gradient `g` of the norm's
+/// output; and the weight's gradient.
+pub(crate) fn rms_norm_backward<T: HostFloat>(x: &[T], w: &[T], rstd: &[T], g: &[T], around: &[T]) -> (Vec<T>, Vec<T>) {
+    let d = w.len().max(1);
+    let mut gx = filled(around);
+    let parts: Vec<Vec<T>> = gx
+        .par_chunks_mut(ROWS_PER_TASK * d)
+        .enumerate()
+        .map(|(task, gxc)| {
+            let (first, rows) = (task * ROWS_PER_TASK, gxc.len() / d);
+            let span = first * d..(first + rows) * d;
+            rms_backward_rows(&x[span.clone()], w, &rstd[first..first + rows], &g[span], gxc)
+        })
+        .collect();
+    (gx, sum_partials(parts, w.len()))
 }
 
 fn sum_partials<T: HostFloat>(parts: Vec<Vec<T>>, len: usize) -> Vec<T> {

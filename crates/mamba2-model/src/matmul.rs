@@ -61,13 +61,25 @@ pub(crate) fn product<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, r
     dst
 }
 
-/// A linear layer's output `[m, n]`: `lhs · rhs`, plus `bias` (`[n]`) on every row when given.
-pub(crate) fn affine<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, bias: Option<&[T]>) -> Vec<T> {
-    let Some(bias) = bias else {
-        return product(m, n, k, lhs, rhs);
-    };
-    let mut dst = vec![T::zero(); m * n];
-    dst.par_chunks_mut(n.max(1)).for_each(|row| row.copy_from_slice(bias));
+/// A linear layer's output `[m, n]`: `lhs · rhs`, plus `bias` (`[n]`) on every row and
+/// `residual` (`[m, n]`) when given. Those are written first, by the rayon pool, and the product
+/// is added to them.
+pub(crate) fn affine<T: HostFloat>(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+    bias: Option<&[T]>,
+    residual: Option<&[T]>,
+) -> Vec<T> {
+    let mut dst = Vec::with_capacity(m * n);
+    match (bias, residual) {
+        (None, None) => return product(m, n, k, lhs, rhs),
+        (Some(bias), None) => dst.par_extend((0..m * n).into_par_iter().map(|i| bias[i % n])),
+        (None, Some(res)) => dst.par_extend(res[..m * n].par_iter().copied()),
+        (Some(bias), Some(res)) => dst.par_extend(res[..m * n].par_iter().enumerate().map(|(i, &v)| v + bias[i % n])),
+    }
     matmul(&mut dst, m, n, k, lhs, rhs, true);
     dst
 }

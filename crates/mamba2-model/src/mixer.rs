@@ -214,10 +214,30 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
+        self.forward_pieces(u, state, None)
+    }
+
+    /// A block around the mixer: `h + mixer(pre_norm(h))`, as [`forward`](Self::forward) and in
+    /// one step of the CPU kernel where it runs (see `fast.rs`).
+    pub(crate) fn forward_block(
+        &self,
+        h: Tensor<B, 3>,
+        state: Option<MixerState<B>>,
+        pre_norm: &RmsNorm<B>,
+    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
+        self.forward_pieces(h, state, Some(pre_norm))
+    }
+
+    fn forward_pieces(
+        &self,
+        u: Tensor<B, 3>,
+        state: Option<MixerState<B>>,
+        pre_norm: Option<&RmsNorm<B>>,
+    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let mut state = state;
         let mut outs = Vec::new();
         for piece in pieces(u) {
-            let (y, next) = self.forward_piece(piece, state)?;
+            let (y, next) = self.forward_piece(piece, state, pre_norm)?;
             outs.push(y);
             state = Some(next);
         }
@@ -228,6 +248,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         &self,
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
+        pre_norm: Option<&RmsNorm<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let c = &self.config;
         let [batch, len, _] = u.dims();
@@ -250,10 +271,17 @@ impl<B: Backend> Mamba2Mixer<B> {
             norm_w: self.norm.weight.val(),
             out_w: self.out_proj.weight.val(),
             out_b: self.out_proj.bias.as_ref().map(Param::val),
+            pre_w: pre_norm.map(|n| n.weight.val()),
         };
         match try_mixer(args) {
             Ok(out) => Ok((out.y, MixerState { conv: out.conv, ssm: out.ssm })),
-            Err(args) => self.forward_generic(args.u, args.tail, args.h0),
+            Err(args) => match pre_norm {
+                Some(norm) => {
+                    let (y, state) = self.forward_generic(norm.forward(args.u.clone(), c.norm_eps), args.tail, args.h0)?;
+                    Ok((args.u + y, state))
+                }
+                None => self.forward_generic(args.u, args.tail, args.h0),
+            },
         }
     }
 

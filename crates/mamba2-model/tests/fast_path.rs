@@ -1,6 +1,7 @@
 //! The CPU kernel (the default on Flex and NdArray) against the generic tensor-op path
 //! (`with_generic_path`): same outputs, same final state, same gradient for every parameter, the
-//! input and both parts of the incoming state, over the config switches the kernel branches on.
+//! input and both parts of the incoming state, over the config switches the kernel branches on;
+//! for the mixer alone and inside its block (pre-norm and residual), which the kernel fuses.
 
 mod common;
 
@@ -8,7 +9,8 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
 use common::{FlexF32Grad, NdF64Grad};
-use mamba2_model::{named_grads, with_generic_path, Mamba2Config, Mamba2Mixer, MixerState};
+use burn::module::Param;
+use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, MixerState};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
 struct Case {
@@ -44,8 +46,35 @@ fn cases() -> Vec<Case> {
     out
 }
 
+/// What runs: a mixer, or a block (the mixer with the norm in front and the residual around).
+enum Unit<B: Backend> {
+    Mixer(Mamba2Mixer<B>),
+    Block(Mamba2Block<B>),
+}
+
+impl<B: AutodiffBackend> Unit<B> {
+    fn forward(&self, u: Tensor<B, 3>, state: Option<MixerState<B>>) -> (Tensor<B, 3>, MixerState<B>) {
+        match self {
+            Unit::Mixer(m) => m.forward(u, state).unwrap(),
+            Unit::Block(b) => b.forward(u, state).unwrap(),
+        }
+    }
+    fn grads(&self, grads: &B::Gradients) -> Vec<(String, Option<Tensor<B::InnerBackend, 1>>)> {
+        match self {
+            Unit::Mixer(m) => named_grads(m, grads),
+            Unit::Block(b) => named_grads(b, grads),
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Unit::Mixer(_) => "mixer",
+            Unit::Block(_) => "block",
+        }
+    }
+}
+
 /// Output, final state (ssm and conv) and every gradient of one forward and backward.
-fn run<B: AutodiffBackend>(mixer: &Mamba2Mixer<B>, case: &Case, seed: u64) -> Vec<(String, Vec<f64>)> {
+fn run<B: AutodiffBackend>(unit: &Unit<B>, case: &Case, seed: u64) -> Vec<(String, Vec<f64>)> {
     let device = Default::default();
     B::seed(&device, seed);
     let c = &case.config;
@@ -57,7 +86,7 @@ fn run<B: AutodiffBackend>(mixer: &Mamba2Mixer<B>, case: &Case, seed: u64) -> Ve
             .require_grad(),
     });
     // Random weights on every output make each gradient path carry a distinct signal.
-    let (y, next) = mixer.forward(u.clone(), state.clone()).unwrap();
+    let (y, next) = unit.forward(u.clone(), state.clone());
     let wy = Tensor::<B, 3>::random(y.dims(), Distribution::Normal(0.0, 1.0), &device);
     let ws = Tensor::<B, 4>::random(next.ssm.dims(), Distribution::Normal(0.0, 1.0), &device);
     let wc = Tensor::<B, 3>::random(next.conv.dims(), Distribution::Normal(0.0, 1.0), &device);
@@ -73,7 +102,7 @@ fn run<B: AutodiffBackend>(mixer: &Mamba2Mixer<B>, case: &Case, seed: u64) -> Ve
         out.push(("grad conv state".to_string(), to_f64_vec(s.conv.grad(&grads).expect("tracked"))));
         out.push(("grad ssm state".to_string(), to_f64_vec(s.ssm.grad(&grads).expect("tracked"))));
     }
-    for (path, g) in named_grads(mixer, &grads) {
+    for (path, g) in unit.grads(&grads) {
         out.push((format!("grad {path}"), to_f64_vec(g.unwrap_or_else(|| panic!("{path} got no gradient")))));
     }
     out
@@ -84,21 +113,28 @@ fn compare<B: AutodiffBackend>(tolerance: f64) -> f64 {
     let mut worst = 0.0f64;
     for (i, case) in cases().iter().enumerate() {
         B::seed(&device, 100 + i as u64);
-        let mixer = Mamba2Mixer::<B>::init(&case.config, &device).unwrap();
-        let fast = run(&mixer, case, 7);
-        let generic = with_generic_path(|| run(&mixer, case, 7));
-        assert_eq!(fast.len(), generic.len());
-        for ((name, got), (_, want)) in fast.iter().zip(&generic) {
-            let d = rel_diff(got, want);
-            assert!(
-                d <= tolerance,
-                "{} (batch {}, L {}, state {}): {name} differs by {d:e} (tolerance {tolerance:e})",
-                case.name,
-                case.batch,
-                case.len,
-                case.with_state
-            );
-            worst = worst.max(d);
+        let mixer = Unit::Mixer(Mamba2Mixer::<B>::init(&case.config, &device).unwrap());
+        let mut block = Mamba2Block::<B>::init(&case.config, &device).unwrap();
+        // A norm weight away from its initial ones, so that a weight used in the wrong place shows.
+        let d = case.config.d_model;
+        block.norm.weight = Param::from_tensor(Tensor::random([d], Distribution::Uniform(0.5, 1.5), &device));
+        for unit in [mixer, Unit::Block(block)] {
+            let fast = run(&unit, case, 7);
+            let generic = with_generic_path(|| run(&unit, case, 7));
+            assert_eq!(fast.len(), generic.len());
+            for ((name, got), (_, want)) in fast.iter().zip(&generic) {
+                let d = rel_diff(got, want);
+                assert!(
+                    d <= tolerance,
+                    "{} {} (batch {}, L {}, state {}): {name} differs by {d:e} (tolerance {tolerance:e})",
+                    case.name,
+                    unit.kind(),
+                    case.batch,
+                    case.len,
+                    case.with_state
+                );
+                worst = worst.max(d);
+            }
         }
     }
     worst

@@ -982,19 +982,40 @@ multiversion! {
     }
 }
 
-/// A vector of `len` zeros, written by the rayon pool: a single thread's `memset` of the large
-/// buffers of a step leaves the other cores idle for as long as it takes.
-pub(crate) fn zeros<T: HostFloat>(len: usize) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    v.par_extend(rayon::iter::repeat_n(T::zero(), len));
+/// A vector of `len` values built by the rayon pool, `chunk` values per task: each task zeroes
+/// its chunk (in cache, just before use) and hands it to `fill` with the chunk's offset. A
+/// single thread's `memset` of the large buffers of a step would leave the other cores idle for
+/// as long as it takes.
+pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
+    let chunk = chunk.max(1);
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    v.spare_capacity_mut()[..len].par_chunks_mut(chunk).enumerate().for_each(|(i, c)| {
+        // SAFETY: `T` is `Pod`, so all-zero bytes are a valid value: once written, every element
+        // of `c` is initialised and may be seen as `T`.
+        let c: &mut [T] = unsafe {
+            std::ptr::write_bytes(c.as_mut_ptr(), 0, c.len());
+            &mut *(c as *mut [std::mem::MaybeUninit<T>] as *mut [T])
+        };
+        fill(i * chunk, c);
+    });
+    // SAFETY: the chunks cover the first `len` elements of the spare capacity and each task
+    // initialised its own (a panic in a task propagates before this line).
+    unsafe { v.set_len(len) };
     v
 }
 
-/// A copy of `src`, written by the rayon pool (see [`zeros`]).
+/// Values per task in [`build`]'s plain uses: large enough to amortise a task, small enough to
+/// stay in the second-level cache.
+const BUILD_CHUNK: usize = 1 << 14;
+
+/// A vector of `len` zeros, written by the rayon pool (see [`build`]).
+pub(crate) fn zeros<T: HostFloat>(len: usize) -> Vec<T> {
+    build(len, BUILD_CHUNK, |_, _| {})
+}
+
+/// A copy of `src`, written by the rayon pool (see [`build`]).
 pub(crate) fn filled<T: HostFloat>(src: &[T]) -> Vec<T> {
-    let mut v = Vec::with_capacity(src.len());
-    v.par_extend(src.par_iter().copied());
-    v
+    build(src.len(), BUILD_CHUNK, |at, c| c.copy_from_slice(&src[at..at + c.len()]))
 }
 
 /// The block's RMS norm of `x` (`[rows, w.len()]`): the normalised rows and `1 / rms` per row.

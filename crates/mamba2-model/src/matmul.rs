@@ -2,9 +2,7 @@
 //! one Burn's Flex backend calls too), writing into buffers the kernel owns, so that no tensor is
 //! allocated, zero-filled and copied again around each product.
 
-use rayon::prelude::*;
-
-use crate::kernel::HostFloat;
+use crate::kernel::{build, filled, HostFloat};
 
 /// A matrix read from a slice: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -73,13 +71,21 @@ pub(crate) fn affine<T: HostFloat>(
     bias: Option<&[T]>,
     residual: Option<&[T]>,
 ) -> Vec<T> {
-    let mut dst = Vec::with_capacity(m * n);
-    match (bias, residual) {
+    // Whole rows per task, so that the bias lines up with each row's start.
+    let chunk = n.max(1) * (1usize << 14).div_ceil(n.max(1));
+    let mut dst = match (bias, residual) {
         (None, None) => return product(m, n, k, lhs, rhs),
-        (Some(bias), None) => dst.par_extend((0..m * n).into_par_iter().map(|i| bias[i % n])),
-        (None, Some(res)) => dst.par_extend(res[..m * n].par_iter().copied()),
-        (Some(bias), Some(res)) => dst.par_extend(res[..m * n].par_iter().enumerate().map(|(i, &v)| v + bias[i % n])),
-    }
+        (Some(bias), None) => build(m * n, chunk, |_, c| c.chunks_mut(n).for_each(|row| row.copy_from_slice(bias))),
+        (None, Some(res)) => filled(&res[..m * n]),
+        (Some(bias), Some(res)) => build(m * n, chunk, |at, c| {
+            let src = &res[at..at + c.len()];
+            for (row, src) in c.chunks_mut(n).zip(src.chunks(n)) {
+                for ((o, &r), &b) in row.iter_mut().zip(src).zip(bias) {
+                    *o = r + b;
+                }
+            }
+        }),
+    };
     matmul(&mut dst, m, n, k, lhs, rhs, true);
     dst
 }

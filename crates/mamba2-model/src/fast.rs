@@ -69,6 +69,9 @@ pub(crate) struct MixerArgs<B: Backend> {
     /// it. Then `u` is the block's input, the mixer reads its norm, and the output is `u` plus
     /// the mixer's (the residual).
     pub pre_w: Option<Tensor<B, 1>>,
+    /// The stack's final RMS norm weight `[d_model]`, when this is its last layer: the output is
+    /// then that norm of what it would otherwise be.
+    pub post_w: Option<Tensor<B, 1>>,
 }
 
 /// What the mixer gives back: its output and the state after the last step.
@@ -165,14 +168,15 @@ struct HostArgs<T> {
     out_w: HostBuf<T>,
     out_b: Option<HostBuf<T>>,
     pre_w: Option<HostBuf<T>>,
+    post_w: Option<HostBuf<T>>,
 }
 
-const PARENTS: usize = 14;
+const PARENTS: usize = 15;
 
 impl<T: HostFloat> HostArgs<T> {
     /// From the inputs in the order of the autodiff node's parents, `None` for an absent one.
     fn new<B: Backend>(dims: Dims, parts: [Option<B::FloatTensorPrimitive>; PARENTS]) -> Self {
-        let [u, in_w, in_b, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w, out_w, out_b, pre_w] =
+        let [u, in_w, in_b, tail, h0, conv_w, conv_b, dt_bias, a_log, d, norm_w, out_w, out_b, pre_w, post_w] =
             parts.map(|t| t.map(host::<B, T>));
         let required = |v: Option<HostBuf<T>>| v.expect("the input and the weights are always given");
         Self {
@@ -191,6 +195,7 @@ impl<T: HostFloat> HostArgs<T> {
             out_w: required(out_w),
             out_b,
             pre_w,
+            post_w,
         }
     }
     fn params(&self) -> Params<'_, T> {
@@ -230,6 +235,7 @@ impl<B: Backend> MixerArgs<B> {
             Some(self.out_w),
             self.out_b.map(flat),
             self.pre_w.map(flat),
+            self.post_w.map(flat),
         ];
         (self.dims, parts)
     }
@@ -246,6 +252,8 @@ struct MixerSaved<T> {
     /// With the block's norm: its output, the `in_proj` input (`[rows, d_model]`), and `1 / rms`
     /// per row.
     pre: Option<(Vec<T>, Vec<T>)>,
+    /// With the final norm: its input (`[rows, d_model]`) and `1 / rms` per row.
+    post: Option<(Vec<T>, Vec<T>)>,
 }
 
 /// Lengths of the three parts of the packed output: `y`, the final scan state, the conv tail.
@@ -281,6 +289,10 @@ fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<M
     let (x, out_w) = (Mat::rows(&normed, di), Mat::rows(a.out_w.get(), dm));
     let residual = pre.is_some().then(|| a.u.get());
     let mut out = affine(rows, dm, di, x, out_w, a.out_b.as_ref().map(HostBuf::get), residual);
+    let post = a.post_w.as_ref().map(|pw| {
+        let (normed, rstd) = kernel::rms_norm(&out, pw.get(), dims.eps);
+        (std::mem::replace(&mut out, normed), rstd)
+    });
     out.reserve_exact(ns + nt);
     out.extend_from_slice(&fin);
     for i in 0..dims.batch * (dims.d_conv - 1) {
@@ -292,7 +304,7 @@ fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<M
         }
     }
     debug_assert_eq!(out.len(), ny + ns + nt);
-    (out, keep.then_some(MixerSaved { zx, normed, core, pre }))
+    (out, keep.then_some(MixerSaved { zx, normed, core, pre, post }))
 }
 
 /// The mixer's backward on host buffers: the gradient of every parent, given that of the
@@ -303,6 +315,15 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
     let [ny, ns, _] = packed_parts(&dims);
     let (gy, rest) = gout.split_at(ny);
     let (gfin, gtail_out) = rest.split_at(ns);
+    // Through the final norm first, when this is the stack's last layer.
+    let (gy_post, post_w) = match (&saved.post, &a.post_w) {
+        (Some((y, rstd)), Some(pw)) => {
+            let (g, gw) = kernel::rms_norm_backward(y, pw.get(), rstd, gy, None);
+            (Some(g), gw)
+        }
+        _ => (None, Vec::new()),
+    };
+    let gy = gy_post.as_deref().unwrap_or(gy);
 
     // out_proj: its weight, its bias, and the gradient reaching the norm's output.
     let out_w = product(di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
@@ -330,11 +351,11 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
     let g_in = product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
     // With the block around the mixer, `u` reaches the output through the norm and directly.
     let (u, pre_w) = match (&saved.pre, &a.pre_w) {
-        (Some((_, rstd)), Some(pw)) => kernel::rms_norm_backward(a.u.get(), pw.get(), rstd, &g_in, gy),
+        (Some((_, rstd)), Some(pw)) => kernel::rms_norm_backward(a.u.get(), pw.get(), rstd, &g_in, Some(gy)),
         _ => (g_in, Vec::new()),
     };
 
-    [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b, pre_w]
+    [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b, pre_w, post_w]
 }
 
 /// The parents' shapes, in order, for the gradients handed back to Burn.
@@ -355,6 +376,7 @@ fn parent_shapes(a: &HostArgs<impl HostFloat>) -> [Vec<usize>; PARENTS] {
         vec![1, a.d.get().len()],
         vec![1, di],
         vec![di, dm],
+        vec![1, dm],
         vec![1, dm],
         vec![1, dm],
     ]

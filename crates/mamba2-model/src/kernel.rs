@@ -1054,11 +1054,11 @@ multiversion! {
 }
 
 /// The block norm's backward: the gradient of `x` (`[rows, d]`), that reaching it around the
-/// norm (`around`, the residual's) plus the norm's part, given the gradient `g` of the norm's
-/// output; and the weight's gradient.
-pub(crate) fn rms_norm_backward<T: HostFloat>(x: &[T], w: &[T], rstd: &[T], g: &[T], around: &[T]) -> (Vec<T>, Vec<T>) {
+/// norm (`around`, the residual's, when there is one) plus the norm's part, given the gradient
+/// `g` of the norm's output; and the weight's gradient.
+pub(crate) fn rms_norm_backward<T: HostFloat>(x: &[T], w: &[T], rstd: &[T], g: &[T], around: Option<&[T]>) -> (Vec<T>, Vec<T>) {
     let d = w.len().max(1);
-    let mut gx = filled(around);
+    let mut gx = around.map_or_else(|| zeros(x.len()), filled);
     let parts: Vec<Vec<T>> = gx
         .par_chunks_mut(ROWS_PER_TASK * d)
         .enumerate()

@@ -214,18 +214,20 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.forward_pieces(u, state, None)
+        self.forward_pieces(u, state, None, None)
     }
 
-    /// A block around the mixer: `h + mixer(pre_norm(h))`, as [`forward`](Self::forward) and in
-    /// one step of the CPU kernel where it runs (see `fast.rs`).
+    /// A block around the mixer: `h + mixer(pre_norm(h))`, then `post_norm` of that when given
+    /// (the stack's final norm after its last layer); as [`forward`](Self::forward) and in one
+    /// step of the CPU kernel where it runs (see `fast.rs`).
     pub(crate) fn forward_block(
         &self,
         h: Tensor<B, 3>,
         state: Option<MixerState<B>>,
         pre_norm: &RmsNorm<B>,
+        post_norm: Option<&RmsNorm<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.forward_pieces(h, state, Some(pre_norm))
+        self.forward_pieces(h, state, Some(pre_norm), post_norm)
     }
 
     fn forward_pieces(
@@ -233,11 +235,12 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
         pre_norm: Option<&RmsNorm<B>>,
+        post_norm: Option<&RmsNorm<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let mut state = state;
         let mut outs = Vec::new();
         for piece in pieces(u) {
-            let (y, next) = self.forward_piece(piece, state, pre_norm)?;
+            let (y, next) = self.forward_piece(piece, state, pre_norm, post_norm)?;
             outs.push(y);
             state = Some(next);
         }
@@ -249,6 +252,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
         pre_norm: Option<&RmsNorm<B>>,
+        post_norm: Option<&RmsNorm<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let c = &self.config;
         let [batch, len, _] = u.dims();
@@ -272,17 +276,24 @@ impl<B: Backend> Mamba2Mixer<B> {
             out_w: self.out_proj.weight.val(),
             out_b: self.out_proj.bias.as_ref().map(Param::val),
             pre_w: pre_norm.map(|n| n.weight.val()),
+            post_w: post_norm.map(|n| n.weight.val()),
         };
-        match try_mixer(args) {
-            Ok(out) => Ok((out.y, MixerState { conv: out.conv, ssm: out.ssm })),
-            Err(args) => match pre_norm {
-                Some(norm) => {
-                    let (y, state) = self.forward_generic(norm.forward(args.u.clone(), c.norm_eps), args.tail, args.h0)?;
-                    Ok((args.u + y, state))
-                }
-                None => self.forward_generic(args.u, args.tail, args.h0),
-            },
-        }
+        let args = match try_mixer(args) {
+            Ok(out) => return Ok((out.y, MixerState { conv: out.conv, ssm: out.ssm })),
+            Err(args) => args,
+        };
+        let (y, state) = match pre_norm {
+            Some(norm) => {
+                let (y, state) = self.forward_generic(norm.forward(args.u.clone(), c.norm_eps), args.tail, args.h0)?;
+                (args.u + y, state)
+            }
+            None => self.forward_generic(args.u, args.tail, args.h0)?,
+        };
+        let y = match post_norm {
+            Some(norm) => norm.forward(y, c.norm_eps),
+            None => y,
+        };
+        Ok((y, state))
     }
 
     /// The whole mixer from tensor operations: the reference for the CPU kernel and the path of

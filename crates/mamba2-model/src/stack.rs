@@ -66,13 +66,19 @@ impl<B: Backend> Mamba2Stack<B> {
             None => vec![None; self.layers.len()],
         };
         let mut outs = Vec::new();
+        let last = self.layers.len().checked_sub(1);
         for mut piece in pieces(h) {
-            for (layer, s) in self.layers.iter().zip(states.iter_mut()) {
-                let (next, after) = layer.forward(piece, s.take())?;
+            for (i, (layer, s)) in self.layers.iter().zip(states.iter_mut()).enumerate() {
+                // The last block applies the final norm itself (one step of the CPU path).
+                let (next, after) = if Some(i) == last {
+                    layer.forward_then_norm(piece, s.take(), &self.norm_f)?
+                } else {
+                    layer.forward(piece, s.take())?
+                };
                 piece = next;
                 *s = Some(after);
             }
-            outs.push(self.norm_f.forward(piece, self.config.norm_eps));
+            outs.push(if last.is_some() { piece } else { self.norm_f.forward(piece, self.config.norm_eps) });
         }
         let out = join_pieces(outs);
         let layers = states.into_iter().map(|s| s.expect("every layer ran at least once")).collect();

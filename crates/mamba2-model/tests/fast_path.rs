@@ -1,7 +1,8 @@
 //! The CPU kernel (the default on Flex and NdArray) against the generic tensor-op path
 //! (`with_generic_path`): same outputs, same final state, same gradient for every parameter, the
 //! input and both parts of the incoming state, over the config switches the kernel branches on;
-//! for the mixer alone and inside its block (pre-norm and residual), which the kernel fuses.
+//! for the mixer alone, inside its block (pre-norm and residual), and as a one-layer stack (the
+//! block and the final norm), which the kernel fuses.
 
 mod common;
 
@@ -10,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
 use common::{FlexF32Grad, NdF64Grad};
 use burn::module::Param;
-use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, MixerState};
+use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
 struct Case {
@@ -50,6 +51,8 @@ fn cases() -> Vec<Case> {
 enum Unit<B: Backend> {
     Mixer(Mamba2Mixer<B>),
     Block(Mamba2Block<B>),
+    /// One layer, so that the state is that of one mixer.
+    Stack(Mamba2Stack<B>),
 }
 
 impl<B: AutodiffBackend> Unit<B> {
@@ -57,18 +60,24 @@ impl<B: AutodiffBackend> Unit<B> {
         match self {
             Unit::Mixer(m) => m.forward(u, state).unwrap(),
             Unit::Block(b) => b.forward(u, state).unwrap(),
+            Unit::Stack(s) => {
+                let (y, mut next) = s.forward(u, state.map(|m| Mamba2State { layers: vec![m] })).unwrap();
+                (y, next.layers.remove(0))
+            }
         }
     }
     fn grads(&self, grads: &B::Gradients) -> Vec<(String, Option<Tensor<B::InnerBackend, 1>>)> {
         match self {
             Unit::Mixer(m) => named_grads(m, grads),
             Unit::Block(b) => named_grads(b, grads),
+            Unit::Stack(s) => named_grads(s, grads),
         }
     }
     fn kind(&self) -> &'static str {
         match self {
             Unit::Mixer(_) => "mixer",
             Unit::Block(_) => "block",
+            Unit::Stack(_) => "stack",
         }
     }
 }
@@ -117,8 +126,12 @@ fn compare<B: AutodiffBackend>(tolerance: f64) -> f64 {
         let mut block = Mamba2Block::<B>::init(&case.config, &device).unwrap();
         // A norm weight away from its initial ones, so that a weight used in the wrong place shows.
         let d = case.config.d_model;
-        block.norm.weight = Param::from_tensor(Tensor::random([d], Distribution::Uniform(0.5, 1.5), &device));
-        for unit in [mixer, Unit::Block(block)] {
+        let norm_weight = || Param::from_tensor(Tensor::random([d], Distribution::Uniform(0.5, 1.5), &device));
+        block.norm.weight = norm_weight();
+        let mut stack = Mamba2Stack::<B>::init(&case.config, &device).unwrap();
+        stack.layers[0].norm.weight = norm_weight();
+        stack.norm_f.weight = norm_weight();
+        for unit in [mixer, Unit::Block(block), Unit::Stack(stack)] {
             let fast = run(&unit, case, 7);
             let generic = with_generic_path(|| run(&unit, case, 7));
             assert_eq!(fast.len(), generic.len());

@@ -22,7 +22,7 @@ impl<B: Backend> Mamba2Block<B> {
     /// # Shapes
     /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]`
     pub fn forward(&self, h: Tensor<B, 3>, state: Option<MixerState<B>>) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.mixer.forward_block(h, state, &self.norm, None)
+        self.mixer.forward_block(h, state, Some(&self.norm), None)
     }
 
     /// `post_norm(forward(h))`: the stack's last block with its final norm, which the CPU path
@@ -33,7 +33,7 @@ impl<B: Backend> Mamba2Block<B> {
         state: Option<MixerState<B>>,
         post_norm: &RmsNorm<B>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.mixer.forward_block(h, state, &self.norm, Some(post_norm))
+        self.mixer.forward_block(h, state, Some(&self.norm), Some(post_norm))
     }
 
     /// # Shapes

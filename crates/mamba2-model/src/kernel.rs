@@ -968,16 +968,22 @@ pub(crate) fn backward<T: HostFloat>(
 // block of `fast.rs`: as tensor operations it is a dozen single-threaded passes per layer and
 // direction; here it is one parallel pass over the rows each way.
 
+/// `out = x / rms(x) * w` for one row; returns `1 / rms`. Also the streaming step's norm.
+#[inline(always)]
+pub(crate) fn rms_row<T: HostFloat>(x: &[T], w: &[T], eps: T, out: &mut [T]) -> T {
+    let inv = T::one() / (dot(x, x) / c(x.len() as f64) + eps).sqrt();
+    for ((o, &v), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * wv;
+    }
+    inv
+}
+
 multiversion! {
-    /// `out = x / rms(x) * w` for each row of `x` (rows of `w.len()` values), `1 / rms` into `rstd`.
+    /// [`rms_row`] for each row of `x` (rows of `w.len()` values), `1 / rms` into `rstd`.
     fn rms_rows<T>(x: &[T], w: &[T], eps: T, out: &mut [T], rstd: &mut [T]) {
         let d = w.len();
-        for ((xr, or), inv_out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(rstd.iter_mut()) {
-            let inv = T::one() / (dot(xr, xr) / c(d as f64) + eps).sqrt();
-            *inv_out = inv;
-            for ((o, &v), &wv) in or.iter_mut().zip(xr).zip(w) {
-                *o = v * inv * wv;
-            }
+        for ((xr, or), inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(rstd.iter_mut()) {
+            *inv = rms_row(xr, w, eps, or);
         }
     }
 }
@@ -1006,7 +1012,7 @@ pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize,
 
 /// Values per task in [`build`]'s plain uses: large enough to amortise a task, small enough to
 /// stay in the second-level cache.
-const BUILD_CHUNK: usize = 1 << 14;
+pub(crate) const BUILD_CHUNK: usize = 1 << 14;
 
 /// A vector of `len` zeros, written by the rayon pool (see [`build`]).
 pub(crate) fn zeros<T: HostFloat>(len: usize) -> Vec<T> {

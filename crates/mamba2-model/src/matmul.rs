@@ -2,7 +2,7 @@
 //! one Burn's Flex backend calls too), writing into buffers the kernel owns, so that no tensor is
 //! allocated, zero-filled and copied again around each product.
 
-use crate::kernel::{build, filled, HostFloat};
+use crate::kernel::{build, filled, HostFloat, BUILD_CHUNK};
 
 /// A matrix read from a slice: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +72,7 @@ pub(crate) fn affine<T: HostFloat>(
     residual: Option<&[T]>,
 ) -> Vec<T> {
     // Whole rows per task, so that the bias lines up with each row's start.
-    let chunk = n.max(1) * (1usize << 14).div_ceil(n.max(1));
+    let chunk = n.max(1) * BUILD_CHUNK.div_ceil(n.max(1));
     let mut dst = match (bias, residual) {
         (None, None) => return product(m, n, k, lhs, rhs),
         (Some(bias), None) => build(m * n, chunk, |_, c| c.chunks_mut(n).for_each(|row| row.copy_from_slice(bias))),

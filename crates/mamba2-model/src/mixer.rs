@@ -214,23 +214,13 @@ impl<B: Backend> Mamba2Mixer<B> {
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,
     ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.forward_pieces(u, state, None, None)
+        self.forward_block(u, state, None, None)
     }
 
-    /// A block around the mixer: `h + mixer(pre_norm(h))`, then `post_norm` of that when given
-    /// (the stack's final norm after its last layer); as [`forward`](Self::forward) and in one
-    /// step of the CPU kernel where it runs (see `fast.rs`).
+    /// A block around the mixer: `h + mixer(pre_norm(h))` with `pre_norm`, then `post_norm` of
+    /// that when given (the stack's final norm after its last layer); as
+    /// [`forward`](Self::forward) and in one step of the CPU kernel where it runs (see `fast.rs`).
     pub(crate) fn forward_block(
-        &self,
-        h: Tensor<B, 3>,
-        state: Option<MixerState<B>>,
-        pre_norm: &RmsNorm<B>,
-        post_norm: Option<&RmsNorm<B>>,
-    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.forward_pieces(h, state, Some(pre_norm), post_norm)
-    }
-
-    fn forward_pieces(
         &self,
         u: Tensor<B, 3>,
         state: Option<MixerState<B>>,

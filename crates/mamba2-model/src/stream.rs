@@ -8,7 +8,7 @@
 use burn::prelude::*;
 
 use crate::helper::Helper;
-use crate::kernel::{gated_norm_row, head_forward, multiversion, sigmoid, step_size, HostFloat};
+use crate::kernel::{gated_norm_row, head_forward, multiversion, rms_row, sigmoid, step_size, HostFloat};
 use crate::mixer::kernel_dims;
 use crate::{Mamba2Config, Mamba2Stack, Mamba2State, MixerState, ModelError};
 
@@ -301,11 +301,7 @@ impl<T: HostFloat> StreamingStack<T> {
 }
 
 fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64, out: &mut [T]) {
-    let ss = x.iter().fold(T::zero(), |acc, &v| acc + v * v);
-    let inv = T::one() / (ss / T::from(x.len()).unwrap() + T::from(eps).unwrap()).sqrt();
-    for ((o, &v), &wv) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * wv;
-    }
+    rms_row(x, w, T::from(eps).expect("finite eps"), out);
 }
 
 

@@ -5,8 +5,8 @@
 //! the gated group-wise RMS norm. The generic path builds this from ~40 tensor operations, each a
 //! pass over memory and an autodiff node; here it is a handful of passes over plain slices, and
 //! the scan is the sequential recurrence, whose state (`headdim x d_state` per head) stays in
-//! cache. The backward recomputes the states inside segments of [`SEG`] steps from states saved
-//! at the segment starts, so memory grows with `L / SEG`, not `L`.
+//! cache. The backward runs the recurrence again rather than storing states: it keeps no state
+//! but the running one, so memory does not grow with `L` times the state.
 //!
 //! The functions work on row-major slices in `f32` or `f64` and know nothing about Burn;
 //! `fast.rs` moves tensors in and out and registers the backward with Burn's autodiff.
@@ -15,8 +15,6 @@
 use num_traits::Float;
 use rayon::prelude::*;
 
-/// Steps between saved scan states in the forward pass.
-pub(crate) const SEG: usize = 64;
 /// Rows per parallel task in the row-wise passes (convolution, norm).
 const ROWS_PER_TASK: usize = 64;
 
@@ -148,46 +146,42 @@ multiversion! {
 }
 
 multiversion! {
-    /// The state after one step, written into `next`, without the output.
-    fn head_state_plain<T>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
+    /// One step of one head in the backward's forward sweep: `h = decay h + dt x B` in place;
+    /// adds `sum_p gy[p] h[p]`, the gradient this head's output sends to `C`, into `gc` and
+    /// returns its product with `C`, which is `gy . (h C)`.
+    fn head_state_gc_plain<T>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, gy: &[T], gc: &mut [T]) -> T {
         let n = b.len();
-        for (pi, (hn, hp)) in next.chunks_exact_mut(n).zip(prev.chunks_exact(n)).enumerate() {
-            let xdt = x[pi] * dt;
-            for ((o, &v), &bv) in hn.iter_mut().zip(hp).zip(b) {
-                *o = decay * v + xdt * bv;
+        let mut q = T::zero();
+        for ((hs, &xv), &g) in state.chunks_exact_mut(n).zip(x).zip(gy) {
+            let xdt = xv * dt;
+            for ((h, &bv), o) in hs.iter_mut().zip(b).zip(gc.iter_mut()) {
+                *h = decay * *h + xdt * bv;
+                *o = *o + g * *h;
             }
+            q = q + g * dot(hs, c);
         }
+        q
     }
 }
 
 multiversion! {
     /// One reverse step of one head. On entry `gh` is the gradient reaching `h_t` from later
-    /// steps; on return it is the gradient reaching `h_{t-1}`. Accumulates into `gc` and `gb`,
-    /// writes `sb[p] = (dL/dh_t)[p] . B` and returns `sum (dL/dh_t) * h_{t-1}` (for the decay).
-    fn head_backward_plain<T>(
-        gh: &mut [T], ht: &[T], hprev: &[T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T,
-        gc: &mut [T], gb: &mut [T], sb: &mut [T]
-    ) -> T {
+    /// steps; on return it is the gradient reaching `h_{t-1}`. In between, with `G` the whole
+    /// gradient of `h_t` (`gh + gy C`): adds `dt x[p] G[p]` to `gb` and writes `sb[p] = G[p] . B`.
+    fn head_reverse_plain<T>(gh: &mut [T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, gb: &mut [T], sb: &mut [T]) {
         let n = b.len();
-        let mut g_decay = T::zero();
-        for pi in 0..sb.len() {
+        for (pi, g) in gh.chunks_exact_mut(n).enumerate() {
             let gyp = gy[pi];
-            let ghp = &mut gh[pi * n..(pi + 1) * n];
-            let hp = &ht[pi * n..(pi + 1) * n];
-            let hq = &hprev[pi * n..(pi + 1) * n];
-            for ((o, &hv), (g, &cv)) in gc.iter_mut().zip(hp).zip(ghp.iter_mut().zip(c)) {
-                *o = *o + gyp * hv;
-                *g = *g + gyp * cv;
+            for (gv, &cv) in g.iter_mut().zip(c) {
+                *gv = *gv + gyp * cv;
             }
-            sb[pi] = dot(ghp, b);
-            g_decay = g_decay + dot(ghp, hq);
+            sb[pi] = dot(g, b);
             let xdt = x[pi] * dt;
-            for (o, g) in gb.iter_mut().zip(ghp.iter_mut()) {
-                *o = *o + xdt * *g;
-                *g = *g * decay;
+            for (o, gv) in gb.iter_mut().zip(g.iter_mut()) {
+                *o = *o + xdt * *gv;
+                *gv = *gv * decay;
             }
         }
-        g_decay
     }
 }
 
@@ -201,28 +195,26 @@ pub(crate) fn head_forward<T: HostFloat>(state: &mut [T], x: &[T], b: &[T], c: &
     head_forward_plain(state, x, b, c, decay, dt, y)
 }
 
-/// The state after one step, written into `next`, without the output.
-pub(crate) fn head_state<T: HostFloat>(next: &mut [T], prev: &[T], x: &[T], b: &[T], decay: T, dt: T) {
+/// One step of the backward's forward sweep; see [`head_state_gc_plain`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_state_gc<T: HostFloat>(state: &mut [T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, gy: &[T], gc: &mut [T]) -> T {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::usable::<T>(b.len()) {
         // SAFETY: as above.
-        return unsafe { crate::simd::head_state(next, prev, x, b, decay, dt) };
+        return unsafe { crate::simd::head_state_gc(state, x, b, c, decay, dt, gy, gc) };
     }
-    head_state_plain(next, prev, x, b, decay, dt)
+    head_state_gc_plain(state, x, b, c, decay, dt, gy, gc)
 }
 
-/// One reverse step of one head; see [`head_backward_plain`].
+/// One reverse step of one head; see [`head_reverse_plain`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn head_backward<T: HostFloat>(
-    gh: &mut [T], ht: &[T], hprev: &[T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T,
-    gc: &mut [T], gb: &mut [T], sb: &mut [T],
-) -> T {
+pub(crate) fn head_reverse<T: HostFloat>(gh: &mut [T], gy: &[T], x: &[T], b: &[T], c: &[T], decay: T, dt: T, gb: &mut [T], sb: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::usable::<T>(b.len()) {
         // SAFETY: as above.
-        return unsafe { crate::simd::head_backward(gh, ht, hprev, gy, x, b, c, decay, dt, gc, gb, sb) };
+        return unsafe { crate::simd::head_reverse(gh, gy, x, b, c, decay, dt, gb, sb) };
     }
-    head_backward_plain(gh, ht, hprev, gy, x, b, c, decay, dt, gc, gb, sb)
+    head_reverse_plain(gh, gy, x, b, c, decay, dt, gb, sb)
 }
 
 /// Sizes and settings of one call; the names are the config's.
@@ -262,10 +254,11 @@ impl Dims {
     pub fn rows(&self) -> usize {
         self.batch * self.len
     }
-    fn segments(&self) -> usize {
-        self.len.div_ceil(SEG).max(1)
-    }
 }
+
+/// Steps between the states the backward keeps to restart its running sum for the decay's
+/// gradient (see [`scan_block_backward`]): the sum's rounding grows with the steps it runs.
+const MARK: usize = 16;
 
 /// The learned parameters the core reads.
 #[derive(Debug, Clone, Copy)]
@@ -306,8 +299,6 @@ pub(crate) struct Saved<T> {
     y: Vec<T>,
     /// `1 / rms` per row and norm group, `[rows, ngroups]`.
     rstd: Vec<T>,
-    /// Scan states at the start of each segment, per `(batch, head)`: `[segments, headdim * d_state]`.
-    seg_states: Vec<Vec<T>>,
 }
 
 /// Gradients of every input of the core.
@@ -442,7 +433,7 @@ multiversion! {
 
 multiversion! {
     /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip,
-    /// `[L, headdim]`, and the states at the segment starts followed by the final state.
+    /// `[L, headdim]`, and the final state.
     fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize) -> (Vec<T>, Vec<T>) {
         let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
         let (di, cd) = (dims.d_inner(), dims.conv_dim());
@@ -453,12 +444,7 @@ multiversion! {
             None => vec![T::zero(); p * n],
         };
         let mut y = vec![T::zero(); l * p];
-        let nseg = dims.segments();
-        let mut segs = Vec::with_capacity((nseg + 1) * p * n);
         for t in 0..l {
-            if t % SEG == 0 {
-                segs.extend_from_slice(&state);
-            }
             let r = b * l + t;
             let row = &xa[r * cd..(r + 1) * cd];
             let x = &row[hh * p..(hh + 1) * p];
@@ -478,12 +464,7 @@ multiversion! {
                 }
             }
         }
-        // An empty sequence still has its one segment start.
-        while segs.len() < nseg * p * n {
-            segs.extend_from_slice(&state);
-        }
-        segs.extend_from_slice(&state);
-        (y, segs)
+        (y, state)
     }
 }
 
@@ -538,7 +519,6 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     }
 
     // The scan, one (batch, head) pair per task.
-    let nseg = dims.segments();
     let per_head: Vec<(Vec<T>, Vec<T>)> =
         (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
 
@@ -549,8 +529,8 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     let mut rstd = zeros(rows * g);
     let mut out = zeros(rows * di);
     let mut fin = zeros(dims.batch * sl);
-    for (bh, (_, segs)) in per_head.iter().enumerate() {
-        fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(&segs[nseg * p * n..]);
+    for (bh, (_, last)) in per_head.iter().enumerate() {
+        fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
     }
     // `max(1)`: an empty sequence has no rows, and chunks may not be empty.
     let per_batch = out.par_chunks_mut((l * di).max(1)).zip(y.par_chunks_mut((l * di).max(1)));
@@ -560,14 +540,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
             norm_rows(dims, inp, prm, &per_head, b, task * ROWS_PER_TASK, oc, yc, rc);
         });
     });
-    let seg_states = per_head
-        .into_iter()
-        .map(|(_, mut segs)| {
-            segs.truncate(nseg * p * n);
-            segs
-        })
-        .collect();
-    (out, fin, Saved { xc, xa, dt, y, rstd, seg_states })
+    (out, fin, Saved { xc, xa, dt, y, rstd })
 }
 
 /// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
@@ -694,16 +667,26 @@ multiversion! {
 }
 
 multiversion! {
-    /// The reverse scan of heads `first..first + heads` of batch entry `b`, given the gradient
-    /// `gy` of the scan's output. Within each segment of [`SEG`] steps the states are recomputed
-    /// from the one saved at the segment's start, then walked back.
+    /// The backward scan of heads `first..first + heads` of batch entry `b`, given the gradient
+    /// `gy` of the scan's output, in two sweeps per head and without storing a state.
+    ///
+    /// The forward sweep runs the recurrence again from `h0`, for the gradient of `C`
+    /// (`sum_p gy[p] h_t[p]`) and for `q_t = gy_t . (h_t C_t)`. The reverse sweep carries `G_t`,
+    /// the gradient of `h_t`, back from the final state's. The decay's gradient needs
+    /// `<G_t, h_{t-1}>`, which would pair the two sweeps step by step; instead, with
+    /// `h_t = a_t h_{t-1} + u_t` and `G_t = gy_t C_t + a_{t+1} G_{t+1}`,
+    /// `dL/d log a_t = <G_t, h_t> - <G_t, u_t> = q_t - dt_t x_t . (G_t B_t) + dL/d log a_{t+1}`,
+    /// a running sum in the reverse sweep that starts from `<gfin, h_last>`. Its terms cancel
+    /// (over a long sequence their sum is far smaller than they are), so rounding would grow
+    /// with `L`: every [`MARK`] steps the sum restarts from the exact `<a_t G_t, h_{t-1}>`, with
+    /// `h_{t-1}` kept from the forward sweep.
     fn scan_block_backward<T>(
-        dims: &Dims, prm: &Params<T>, saved: &Saved<T>, gy: &[T], gfin: &[T], a: &[T], b: usize, first: usize,
-        heads: usize
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gy: &[T], gfin: &[T], a: &[T], b: usize,
+        first: usize, heads: usize
     ) -> BlockGrads<T> {
         let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
         let (di, cd) = (dims.d_inner(), dims.conv_dim());
-        let (gn, nseg) = (g * n, dims.segments());
+        let gn = g * n;
         let d_width = if dims.d_per_channel { p } else { 1 };
         let mut out = BlockGrads {
             first,
@@ -715,59 +698,71 @@ multiversion! {
             ga: vec![T::zero(); heads],
             gd: vec![T::zero(); heads * d_width],
         };
-        let mut states = vec![T::zero(); (SEG + 1) * p * n];
+        let mut state = vec![T::zero(); p * n];
+        let mut q = vec![T::zero(); l];
+        let mut marks = Vec::with_capacity(l.div_ceil(MARK) * p * n);
         let mut sb = vec![T::zero(); p];
         for j in 0..heads {
             let hh = first + j;
             let bh = b * h + hh;
             let gi = hh / (h / g);
+            let step = |t: usize| {
+                let r = b * l + t;
+                let row = &saved.xa[r * cd..(r + 1) * cd];
+                let x = &row[hh * p..(hh + 1) * p];
+                let bv = &row[di + gi * n..di + (gi + 1) * n];
+                let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
+                let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
+                (x, bv, cv, dtv, decay, &gy[r * di + hh * p..r * di + (hh + 1) * p])
+            };
+            match inp.h0 {
+                Some(h0) => state.copy_from_slice(&h0[bh * p * n..(bh + 1) * p * n]),
+                None => state.fill(T::zero()),
+            }
+            marks.clear();
+            for (t, qt) in q.iter_mut().enumerate() {
+                if t % MARK == 0 {
+                    marks.extend_from_slice(&state);
+                }
+                let (x, bv, cv, dtv, decay, gyv) = step(t);
+                let gc = &mut out.gbc[t * 2 * gn + gn + gi * n..t * 2 * gn + gn + (gi + 1) * n];
+                *qt = head_state_gc(&mut state, x, bv, cv, decay, dtv, gyv, gc);
+            }
+            let gfin_bh = &gfin[bh * p * n..(bh + 1) * p * n];
+            // The decay's gradient from beyond the last step: through the final state.
+            let mut g_log = dot(gfin_bh, &state);
             let gh = &mut out.gh0[j * p * n..(j + 1) * p * n];
-            gh.copy_from_slice(&gfin[bh * p * n..(bh + 1) * p * n]);
-            for s in (0..nseg).rev() {
-                let (t0, t1) = (s * SEG, ((s + 1) * SEG).min(l));
-                // Recompute the states of this segment: states[i] is the state before step t0 + i.
-                states[..p * n].copy_from_slice(&saved.seg_states[bh][s * p * n..(s + 1) * p * n]);
-                for t in t0..t1 {
-                    let r = b * l + t;
-                    let row = &saved.xa[r * cd..(r + 1) * cd];
-                    let x = &row[hh * p..(hh + 1) * p];
-                    let bv = &row[di + gi * n..di + (gi + 1) * n];
-                    let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
-                    let (prev, next) = states.split_at_mut((t - t0 + 1) * p * n);
-                    head_state(&mut next[..p * n], &prev[(t - t0) * p * n..], x, bv, decay, dtv);
+            gh.copy_from_slice(gfin_bh);
+            for t in (0..l).rev() {
+                if (t + 1) % MARK == 0 && t + 1 < l {
+                    // `gh` reaches h_t, which is the state before step t + 1: the running sum
+                    // restarts from the exact value.
+                    let m = (t + 1) / MARK;
+                    g_log = dot(gh, &marks[m * p * n..(m + 1) * p * n]);
                 }
-                for t in (t0..t1).rev() {
-                    let r = b * l + t;
-                    let row = &saved.xa[r * cd..(r + 1) * cd];
-                    let x = &row[hh * p..(hh + 1) * p];
-                    let bv = &row[di + gi * n..di + (gi + 1) * n];
-                    let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
-                    let (dtv, decay) = (saved.dt[r * 3 * h + hh], saved.dt[r * 3 * h + h + hh]);
-                    let gyv = &gy[r * di + hh * p..r * di + (hh + 1) * p];
-                    let ht = &states[(t - t0 + 1) * p * n..(t - t0 + 2) * p * n];
-                    let hprev = &states[(t - t0) * p * n..(t - t0 + 1) * p * n];
-                    let (gb_row, gc_row) = out.gbc[t * 2 * gn..(t + 1) * 2 * gn].split_at_mut(gn);
-                    let (gc, gb) = (&mut gc_row[gi * n..(gi + 1) * n], &mut gb_row[gi * n..(gi + 1) * n]);
-                    let g_decay = head_backward(gh, ht, hprev, gyv, x, bv, cv, decay, dtv, gc, gb, &mut sb);
-                    // y = h C + D x: x reaches y directly through D and the state through dt x B.
-                    let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
-                    if dims.d_per_channel {
-                        let (dv, gd) = (&prm.d[hh * p..(hh + 1) * p], &mut out.gd[j * p..(j + 1) * p]);
-                        for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
-                            *o = dq * gyq + dtv * sq;
-                            *gdv = *gdv + gyq * xq;
-                        }
-                    } else {
-                        let dv = prm.d[hh];
-                        for ((o, &gyq), &sq) in gx.iter_mut().zip(gyv).zip(&sb) {
-                            *o = dv * gyq + dtv * sq;
-                        }
-                        out.gd[j] = out.gd[j] + dot(gyv, x);
+                let (x, bv, cv, dtv, decay, gyv) = step(t);
+                let gb = &mut out.gbc[t * 2 * gn + gi * n..t * 2 * gn + (gi + 1) * n];
+                head_reverse(gh, gyv, x, bv, cv, decay, dtv, gb, &mut sb);
+                // y = h C + D x: x reaches y directly through D and the state through dt x B.
+                let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
+                if dims.d_per_channel {
+                    let (dv, gd) = (&prm.d[hh * p..(hh + 1) * p], &mut out.gd[j * p..(j + 1) * p]);
+                    for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
+                        *o = dq * gyq + dtv * sq;
+                        *gdv = *gdv + gyq * xq;
                     }
-                    // d decay / d dt = A decay; d decay / d A = dt decay.
-                    out.gdt[t * heads + j] = dot(x, &sb) + g_decay * decay * a[hh];
-                    out.ga[j] = out.ga[j] + g_decay * decay * dtv;
+                } else {
+                    let dv = prm.d[hh];
+                    for ((o, &gyq), &sq) in gx.iter_mut().zip(gyv).zip(&sb) {
+                        *o = dv * gyq + dtv * sq;
+                    }
+                    out.gd[j] = out.gd[j] + dot(gyv, x);
                 }
+                let xsb = dot(x, &sb);
+                g_log = g_log + q[t] - dtv * xsb;
+                // log decay = dt A: d/d dt = A, d/dA = dt.
+                out.gdt[t * heads + j] = xsb + g_log * a[hh];
+                out.ga[j] = out.ga[j] + g_log * dtv;
             }
         }
         out
@@ -888,7 +883,7 @@ pub(crate) fn backward<T: HostFloat>(
         .map(|task| {
             let (b, blk) = (task / nblk, task % nblk);
             let first = blk * hb;
-            scan_block_backward(dims, prm, saved, &gy, gfin, &a, b, first, hb.min(h - first))
+            scan_block_backward(dims, inp, prm, saved, &gy, gfin, &a, b, first, hb.min(h - first))
         })
         .collect();
 

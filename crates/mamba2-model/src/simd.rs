@@ -397,109 +397,120 @@ mod x86 {
         }
     }
 
-    /// As `kernel::head_state`, in blocks of `d_state` as [`head_forward`].
-    ///
-    /// # Safety
-    /// As [`head_forward`].
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn head_state<T: Lanes + num_traits::Float>(
-        next: &mut [T],
-        prev: &[T],
-        x: &[T],
-        b: &[T],
-        decay: T,
-        dt: T,
-    ) {
-        let (n, p) = (b.len(), x.len());
-        assert!(next.len() >= p * n && prev.len() >= p * n);
-        for v0 in (0..n).step_by(BLOCK * T::W) {
-            // SAFETY: as in `head_forward`.
-            let (np, pp, bv) = (next.as_mut_ptr().add(v0), prev.as_ptr().add(v0), b.as_ptr().add(v0));
-            match (n - v0) / T::W {
-                1 => state_block::<T, 1>(np, pp, n, bv, x, decay, dt),
-                2 => state_block::<T, 2>(np, pp, n, bv, x, decay, dt),
-                3 => state_block::<T, 3>(np, pp, n, bv, x, decay, dt),
-                _ => state_block::<T, BLOCK>(np, pp, n, bv, x, decay, dt),
-            }
-        }
-    }
-
-    /// [`head_state`] over `NB` vectors of `d_state`, pointers as in [`forward_block`].
-    ///
-    /// # Safety
-    /// As [`forward_block`], for `next` and `prev` both.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn state_block<T: Lanes + num_traits::Float, const NB: usize>(
-        next: *mut T,
-        prev: *const T,
-        n: usize,
-        b: *const T,
-        x: &[T],
-        decay: T,
-        dt: T,
-    ) {
-        let dec = T::vsplat(decay);
-        let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
-        for (pi, &xv) in x.iter().enumerate() {
-            let xdt = T::vsplat(xv * dt);
-            for j in 0..NB {
-                let o = pi * n + j * T::W;
-                T::vstore(next.add(o), T::vfma(dec, T::vload(prev.add(o)), T::vmul(xdt, bs[j])));
-            }
-        }
-    }
-
-    /// Vectors of `d_state` kept in registers at a time in [`head_backward`].
-    const BLOCK: usize = 4;
-
-    /// As `kernel::head_backward`. `d_state` is walked in blocks of up to [`BLOCK`] vectors, so
-    /// that the running gradients of `B` and `C` stay in registers across the rows.
+    /// As `kernel::head_state_gc`, in blocks of `d_state` as [`head_forward`]: the block's `B`
+    /// and its part of the gradient of `C` stay in registers across the rows.
     ///
     /// # Safety
     /// As [`head_forward`].
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn head_backward<T: Lanes + num_traits::Float>(
+    pub(crate) unsafe fn head_state_gc<T: Lanes + num_traits::Float>(
+        state: &mut [T],
+        x: &[T],
+        b: &[T],
+        c: &[T],
+        decay: T,
+        dt: T,
+        gy: &[T],
+        gc: &mut [T],
+    ) -> T {
+        let (n, p) = (b.len(), x.len());
+        assert!(state.len() == p * n && gy.len() == p && c.len() == n && gc.len() == n);
+        let mut q = <T as num_traits::Zero>::zero();
+        for v0 in (0..n).step_by(BLOCK * T::W) {
+            // SAFETY: as in `head_forward`.
+            let (h, bv) = (state.as_mut_ptr().add(v0), b.as_ptr().add(v0));
+            let (cv, gcv) = (c.as_ptr().add(v0), gc.as_mut_ptr().add(v0));
+            q = q + match (n - v0) / T::W {
+                1 => state_gc_block::<T, 1>(h, n, bv, cv, x, decay, dt, gy, gcv),
+                2 => state_gc_block::<T, 2>(h, n, bv, cv, x, decay, dt, gy, gcv),
+                3 => state_gc_block::<T, 3>(h, n, bv, cv, x, decay, dt, gy, gcv),
+                _ => state_gc_block::<T, BLOCK>(h, n, bv, cv, x, decay, dt, gy, gcv),
+            };
+        }
+        q
+    }
+
+    /// [`head_state_gc`] over `NB` vectors of `d_state`, pointers as in [`forward_block`];
+    /// `c` and `gc` point at the block's first element. Returns the block's part of `gy . (h C)`.
+    ///
+    /// # Safety
+    /// As [`forward_block`]; `c` and `gc` cover `NB W` elements.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn state_gc_block<T: Lanes + num_traits::Float, const NB: usize>(
+        h: *mut T,
+        n: usize,
+        b: *const T,
+        c: *const T,
+        x: &[T],
+        decay: T,
+        dt: T,
+        gy: &[T],
+        gc: *mut T,
+    ) -> T {
+        let dec = T::vsplat(decay);
+        let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
+        let mut acc = [T::vzero(); NB];
+        for (pi, (&xv, &gv)) in x.iter().zip(gy).enumerate() {
+            let (xdt, g) = (T::vsplat(xv * dt), T::vsplat(gv));
+            for j in 0..NB {
+                let o = h.add(pi * n + j * T::W);
+                let v = T::vfma(dec, T::vload(o), T::vmul(xdt, bs[j]));
+                T::vstore(o, v);
+                acc[j] = T::vfma(g, v, acc[j]);
+            }
+        }
+        let mut q = T::vzero();
+        for (j, &v) in acc.iter().enumerate() {
+            T::vstore(gc.add(j * T::W), T::vadd(T::vload(gc.add(j * T::W)), v));
+            q = T::vfma(v, T::vload(c.add(j * T::W)), q);
+        }
+        T::vsum(q)
+    }
+
+    /// Vectors of `d_state` kept in registers at a time in the reverse step and the sweeps.
+    const BLOCK: usize = 4;
+
+    /// As `kernel::head_reverse`. `d_state` is walked in blocks of up to [`BLOCK`] vectors, so
+    /// that the block's `B`, `C` and running gradient of `B` stay in registers across the rows.
+    ///
+    /// # Safety
+    /// As [`head_forward`].
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn head_reverse<T: Lanes + num_traits::Float>(
         gh: &mut [T],
-        ht: &[T],
-        hprev: &[T],
         gy: &[T],
         x: &[T],
         b: &[T],
         c: &[T],
         decay: T,
         dt: T,
-        gc: &mut [T],
         gb: &mut [T],
         sb: &mut [T],
-    ) -> T {
+    ) {
         let (n, p) = (b.len(), sb.len());
-        assert!(gh.len() == p * n && ht.len() == p * n && hprev.len() == p * n);
-        assert!(gy.len() >= p && x.len() >= p && c.len() == n && gc.len() == n && gb.len() == n);
-        let mut g_decay = <T as num_traits::Zero>::zero();
-        let step = Step { gh: gh.as_mut_ptr(), ht: ht.as_ptr(), hq: hprev.as_ptr(), gy, x, dec: T::vsplat(decay), dt, n };
+        assert!(gh.len() == p * n && gy.len() >= p && x.len() >= p && c.len() == n && gb.len() == n);
+        let step = Step { gh: gh.as_mut_ptr(), gy, x, dec: T::vsplat(decay), dt, n };
         for v0 in (0..n).step_by(BLOCK * T::W) {
             // SAFETY: the block's vectors lie inside `d_state` (n is a multiple of W, `usable`).
-            let (bv, cv, gcv, gbv) = (b.as_ptr().add(v0), c.as_ptr().add(v0), gc.as_mut_ptr().add(v0), gb.as_mut_ptr().add(v0));
+            let (bv, cv, gbv) = (b.as_ptr().add(v0), c.as_ptr().add(v0), gb.as_mut_ptr().add(v0));
             // A block size known at compile time keeps the block's sums in registers; with a
             // run-time size they lived on the stack, loaded and stored around every fused add.
-            g_decay = g_decay
-                + match (n - v0) / T::W {
-                    1 => backward_block::<T, 1>(&step, v0, bv, cv, gcv, gbv, sb),
-                    2 => backward_block::<T, 2>(&step, v0, bv, cv, gcv, gbv, sb),
-                    3 => backward_block::<T, 3>(&step, v0, bv, cv, gcv, gbv, sb),
-                    _ => backward_block::<T, BLOCK>(&step, v0, bv, cv, gcv, gbv, sb),
-                };
+            match (n - v0) / T::W {
+                1 => reverse_block::<T, 1>(&step, v0, bv, cv, gbv, sb),
+                2 => reverse_block::<T, 2>(&step, v0, bv, cv, gbv, sb),
+                3 => reverse_block::<T, 3>(&step, v0, bv, cv, gbv, sb),
+                _ => reverse_block::<T, BLOCK>(&step, v0, bv, cv, gbv, sb),
+            }
         }
-        g_decay
     }
 
     /// What every block of one reverse step shares.
     struct Step<'a, T: Lanes> {
         gh: *mut T,
-        ht: *const T,
-        hq: *const T,
         gy: &'a [T],
         x: &'a [T],
         dec: T::V,
@@ -507,37 +518,25 @@ mod x86 {
         n: usize,
     }
 
-    /// [`head_backward`] over the `NB` vectors of `d_state` from `v0` on; `b`, `c`, `gc` and
-    /// `gb` point at the block's first element. Sets `sb` on the first block and adds to it on
-    /// later ones; returns the block's part of the decay's gradient.
+    /// [`head_reverse`] over the `NB` vectors of `d_state` from `v0` on; `b`, `c` and `gb` point
+    /// at the block's first element. Sets `sb` on the first block and adds to it on later ones.
     ///
     /// # Safety
     /// As [`head_forward`]; `v0 + NB W <= n` and the pointers cover `NB W` elements.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn backward_block<T: Lanes + num_traits::Float, const NB: usize>(
+    unsafe fn reverse_block<T: Lanes + num_traits::Float, const NB: usize>(
         s: &Step<T>,
         v0: usize,
         b: *const T,
         c: *const T,
-        gc: *mut T,
         gb: *mut T,
         sb: &mut [T],
-    ) -> T {
+    ) {
         let (n, p) = (s.n, sb.len());
-        let mut acc_c = [T::vzero(); NB];
-        let mut acc_b = [T::vzero(); NB];
-        let mut bs = [T::vzero(); NB];
-        let mut cs = [T::vzero(); NB];
-        for j in 0..NB {
-            acc_c[j] = T::vload(gc.add(j * T::W));
-            acc_b[j] = T::vload(gb.add(j * T::W));
-            bs[j] = T::vload(b.add(j * T::W));
-            cs[j] = T::vload(c.add(j * T::W));
-        }
-        // One running sum for the decay per vector of the block: a single one would chain all
-        // of a row's fused adds one after another.
-        let mut acc_dec = [T::vzero(); NB];
+        let mut acc_b: [T::V; NB] = std::array::from_fn(|j| T::vload(gb.add(j * T::W)));
+        let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
+        let cs: [T::V; NB] = std::array::from_fn(|j| T::vload(c.add(j * T::W)));
         // Rows in groups of W where they divide evenly, for one transposing sum per group.
         let group = if p % T::W == 0 { T::W } else { 1 };
         let mut accs_sb = [T::vzero(); 16];
@@ -550,10 +549,8 @@ mod x86 {
                 for j in 0..NB {
                     // SAFETY: pi * n + v0 + (j + 1) W <= p * n, checked by the caller.
                     let o = pi * n + v0 + j * T::W;
-                    acc_c[j] = T::vfma(gyp, T::vload(s.ht.add(o)), acc_c[j]);
                     let g = T::vfma(gyp, cs[j], T::vload(s.gh.add(o)));
                     acc = T::vfma(g, bs[j], acc);
-                    acc_dec[j] = T::vfma(g, T::vload(s.hq.add(o)), acc_dec[j]);
                     acc_b[j] = T::vfma(xdt, g, acc_b[j]);
                     T::vstore(s.gh.add(o), T::vmul(g, s.dec));
                 }
@@ -561,11 +558,9 @@ mod x86 {
             }
             put_row_sums(&accs_sb[..group], &mut sb[p0..p0 + group], v0 == 0);
         }
-        for j in 0..NB {
-            T::vstore(gc.add(j * T::W), acc_c[j]);
-            T::vstore(gb.add(j * T::W), acc_b[j]);
+        for (j, &v) in acc_b.iter().enumerate() {
+            T::vstore(gb.add(j * T::W), v);
         }
-        T::vsum(acc_dec[1..].iter().fold(acc_dec[0], |a, &v| T::vadd(a, v)))
     }
 }
 

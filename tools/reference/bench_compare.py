@@ -3,10 +3,18 @@
 each. Prints tokens/s for each side and the ratio, writes `docs/bench/compare.json` and the chart
 `docs/bench/forward_tokens_per_s_vs_len.png`.
 
-    /path/to/venv/bin/python tools/reference/bench_compare.py [--skip-rust] [--min-time 3]
+    /path/to/venv/bin/python tools/reference/bench_compare.py [--skip-rust] [--min-time 3] [--rounds 7]
 
 The Rust figures are criterion's median estimates; the torch figures are the mean over at least
 `--min-time` seconds, at HF's fastest chunk size of 64 and 256.
+
+The two sides of that table run minutes apart, and this VM's speed drifts by up to 2x over
+minutes, so a ratio may compare one side's slow phase with the other's fast one. The train
+ratios are therefore measured a second way as well: `--rounds` paired rounds, each one Rust
+round (`MAMBA2_TRAIN_ROUND`, see `benches/speed.rs`) next to one HF round (`--train-only`, at the
+chunk size found fastest above), timed alike (one warm-up step, then the mean over at least
+`--min-time` seconds), in alternating order; each round gives a ratio, and the median is
+reported with the lowest and highest.
 """
 import argparse, json, os, platform, subprocess, sys
 from pathlib import Path
@@ -26,6 +34,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-rust", action="store_true", help="reuse the last criterion results")
     ap.add_argument("--min-time", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=7, help="paired train rounds per config (0: none)")
     a = ap.parse_args()
     env = dict(os.environ, RAYON_NUM_THREADS="2")
     sweep_file = ROOT / "target" / "sweep_interleaved.json"
@@ -65,11 +74,42 @@ def main():
                           rust_min_us_per_token=interleaved[r["seq"]]["min_s"] / r["seq"] * 1e6,
                           rust_criterion_us_per_token=rust_seconds("speed_flex_f32", "forward_len", r["seq"]) / r["seq"] * 1e6))
 
+    paired = []
+    for config in ["small", "medium"]:
+        chunk = next(r["torch_chunk"] for r in rows if r["config"] == config and r["what"] == "train" and r["dtype"] == "f32")
+        ratios, rust_s, torch_s = [], [], []
+        for i in range(a.rounds):
+            def rust_round():
+                out = subprocess.run(["cargo", "bench", "-q", "-p", "mamba2-train", "--bench", "speed"], cwd=ROOT, check=True,
+                                     capture_output=True, text=True,
+                                     env=dict(env, MAMBA2_TRAIN_ROUND=config, MAMBA2_MIN_TIME=str(a.min_time))).stdout
+                return next(json.loads(l) for l in out.splitlines() if l.startswith("{"))["s_per_iter"]
+
+            def torch_round():
+                return torch("--configs", config, "--dtypes", "f32", "--chunks", str(chunk), "--train-only")[0]["s_per_iter"]
+            # Alternate which side goes first, so that neither always follows the other.
+            if i % 2 == 0:
+                r, t = rust_round(), torch_round()
+            else:
+                t, r = torch_round(), rust_round()
+            rust_s.append(r)
+            torch_s.append(t)
+            ratios.append(t / r)
+            print(f"paired round {i + 1} {config}: rust {r:.4f} s, torch {t:.4f} s, ratio {t / r:.2f}x", flush=True)
+        if ratios:
+            s_r = sorted(ratios)
+            paired.append(dict(config=config, what="train", dtype="f32", torch_chunk=chunk, rounds=len(ratios),
+                               ratio_median=s_r[len(s_r) // 2], ratio_min=s_r[0], ratio_max=s_r[-1],
+                               rust_s=rust_s, torch_s=torch_s, ratios=ratios))
+
     print(f"{'config':<10} {'what':<8} {'dtype':<5} {'rust tok/s':>12} {'torch tok/s':>12} {'ratio':>7}")
     for r in rows:
         print(f"{r['config']:<10} {r['what']:<8} {r['dtype']:<5} {r['rust_tok_s']:>12.0f} {r['torch_tok_s']:>12.0f} {r['ratio']:>6.2f}x")
         if r["what"] == "step":
             print(f"{'':<10} step time: rust {r['rust_s'] * 1e6:.1f} us, torch {r['torch_s'] * 1e6:.1f} us")
+    for p in paired:
+        print(f"paired train rounds, {p['config']}: median ratio {p['ratio_median']:.2f}x "
+              f"(lowest {p['ratio_min']:.2f}x, highest {p['ratio_max']:.2f}x, {p['rounds']} rounds)")
     print("\nforward, medium width, batch 1 (f32; rust: median of the round-robin sweep):")
     base = sweep[0]["rust_us_per_token"]
     for r in sweep:
@@ -79,7 +119,7 @@ def main():
     out = ROOT / "docs" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(dict(machine=platform.processor() or platform.machine(),
-                                                      rows=rows, sweep=sweep), indent=1) + "\n")
+                                                      rows=rows, paired=paired, sweep=sweep), indent=1) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--chunks", default="64,256", help="HF chunk sizes to try; the fastest is reported")
     ap.add_argument("--lengths", default="", help="forward-only sweep over L (medium width, batch 1)")
     ap.add_argument("--min-time", type=float, default=3.0)
+    ap.add_argument("--train-only", action="store_true", help="time the train step only (the paired rounds)")
     a = ap.parse_args()
     try:
         import mamba_ssm  # noqa: F401
@@ -113,15 +114,16 @@ def main():
                     with torch.no_grad():
                         m(inputs_embeds=x)
                 st = timeit(train, a.min_time)
-                sf = timeit(fwd, a.min_time)
+                sf = float("inf") if a.train_only else timeit(fwd, a.min_time)
                 if best_t is None or st < best_t[0]:
                     best_t = (st, chunk)
                 if best_f is None or sf < best_f[0]:
                     best_f = (sf, chunk)
             emit(what="train", config=name, dtype=dn, chunk=best_t[1], s_per_iter=best_t[0],
                  tokens_per_s=tokens / best_t[0])
-            emit(what="forward", config=name, dtype=dn, chunk=best_f[1], s_per_iter=best_f[0],
-                 tokens_per_s=tokens / best_f[0])
+            if not a.train_only:
+                emit(what="forward", config=name, dtype=dn, chunk=best_f[1], s_per_iter=best_f[0],
+                     tokens_per_s=tokens / best_f[0])
 
 
 if __name__ == "__main__":

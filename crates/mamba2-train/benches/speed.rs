@@ -7,6 +7,9 @@
 //!
 //! `MAMBA2_SWEEP_OUT=file cargo bench -p mamba2-train --bench speed` runs only the length sweep,
 //! round-robin over the lengths ([`interleaved_sweep`]), and writes its figures to `file`.
+//! `MAMBA2_TRAIN_ROUND=small|medium [MAMBA2_MIN_TIME=3] cargo bench ...` runs only one round of
+//! train steps at that size and prints its time as JSON ([`train_round`]): what
+//! `bench_compare.py` alternates with HF's rounds.
 //!
 //! The model is [`Mamba2Stack`] fed `[batch, L, d_model]` directly, like HF's `Mamba2Model` with
 //! `inputs_embeds`; the loss is `mean(h^2)` of its output.
@@ -69,17 +72,7 @@ fn train_and_forward<B: AutodiffBackend>(c: &mut Criterion, backend: &str, gener
             paths.push(("generic", true));
         }
         for (path, generic) in paths {
-            let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.1, max_grad_norm: None, ..Default::default() }, &model).unwrap();
-            let mut slot = Some(model.clone());
-            let run = || {
-                let m = slot.take().expect("the model is put back after each step");
-                let (h, _) = m.forward(x.clone(), None).unwrap();
-                let loss = h.powi_scalar(2).mean();
-                let grads = GradientsParams::from_grads(loss.backward(), &m);
-                let (m, _) = opt.step(1e-4, m, grads).unwrap();
-                slot = Some(m);
-            };
-            let mut run = run;
+            let mut run = train_step(&model, x.clone());
             group.bench_function(BenchmarkId::new(format!("train_{path}"), size.name), |b| {
                 b.iter(|| if generic { with_generic_path(&mut run) } else { run() })
             });
@@ -92,6 +85,41 @@ fn train_and_forward<B: AutodiffBackend>(c: &mut Criterion, backend: &str, gener
         }
     }
     group.finish();
+}
+
+/// One train step (forward, backward, AdamW) of `model` on `x` per call, the loss `mean(h^2)`.
+fn train_step<B: AutodiffBackend>(model: &Mamba2Stack<B>, x: Tensor<B, 3>) -> impl FnMut() {
+    let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.1, max_grad_norm: None, ..Default::default() }, model).unwrap();
+    let mut slot = Some(model.clone());
+    move || {
+        let m = slot.take().expect("the model is put back after each step");
+        let (h, _) = m.forward(x.clone(), None).unwrap();
+        let loss = h.powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &m);
+        let (m, _) = opt.step(1e-4, m, grads).unwrap();
+        slot = Some(m);
+    }
+}
+
+/// One round of the paired comparison (`bench_compare.py --rounds`): train steps of the size
+/// named `name` (Flex, f32) timed as `bench_torch.py` times HF's, one warm-up step and then the
+/// mean over at least `min_time` seconds and 3 steps; prints one JSON line.
+fn train_round(name: &str, min_time: f64) {
+    let device = Default::default();
+    let size = sizes().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no size named {name}"));
+    <Autodiff<Flex> as Backend>::seed(&device, 0);
+    let model = Mamba2Stack::<Autodiff<Flex>>::init(&size.config, &device).unwrap();
+    let x = Tensor::random([size.batch, size.len, size.config.d_model], Distribution::Normal(0.0, 1.0), &device);
+    let mut run = train_step(&model, x);
+    run();
+    let (mut n, start) = (0, std::time::Instant::now());
+    while n < 3 || start.elapsed().as_secs_f64() < min_time {
+        run();
+        n += 1;
+    }
+    let s = start.elapsed().as_secs_f64() / n as f64;
+    let tokens = (size.batch * size.len) as f64;
+    println!("{{\"side\": \"rust\", \"what\": \"train\", \"config\": \"{name}\", \"dtype\": \"f32\", \"s_per_iter\": {s}, \"tokens_per_s\": {}}}", tokens / s);
 }
 
 fn streaming<B: Backend, T: HostFloat>(c: &mut Criterion, backend: &str) {
@@ -187,13 +215,18 @@ fn interleaved_sweep(out: &str) {
 
 criterion_group!(speed, benches);
 
-/// `criterion_main!`, plus the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file,
-/// after [`mamba2_train::keep_freed_memory`].
+/// `criterion_main!`, or the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file, or
+/// one train round when `MAMBA2_TRAIN_ROUND` names a size; after [`mamba2_train::keep_freed_memory`].
 fn main() {
     // As the `mamba2` command does: no fresh page mapping per large buffer (a no-op off glibc).
     mamba2_train::keep_freed_memory();
     if let Ok(out) = std::env::var("MAMBA2_SWEEP_OUT") {
         interleaved_sweep(&out);
+        return;
+    }
+    if let Ok(name) = std::env::var("MAMBA2_TRAIN_ROUND") {
+        let min_time = std::env::var("MAMBA2_MIN_TIME").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
+        train_round(&name, min_time);
         return;
     }
     speed();

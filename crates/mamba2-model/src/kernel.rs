@@ -469,19 +469,19 @@ multiversion! {
 }
 
 multiversion! {
-    /// The rows from `first` on of batch entry `b`: each head's output gathered from `per_head`
-    /// into `y`, then the gated norm into `out`, with `1 / rms` into `rstd`.
+    /// The rows from `first` on: each head's output gathered from `per_head` into `y`, then the
+    /// gated norm into `out`, with `1 / rms` into `rstd`.
     fn norm_rows<T>(
-        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, per_head: &[(Vec<T>, Vec<T>)], b: usize, first: usize,
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, per_head: &[(Vec<T>, Vec<T>)], first: usize,
         out: &mut [T], y: &mut [T], rstd: &mut [T]
     ) {
         let (l, h, p, g, w, di) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.width(), dims.d_inner());
         for (i, ((orow, yrow), rs)) in out.chunks_mut(di).zip(y.chunks_mut(di)).zip(rstd.chunks_mut(g)).enumerate() {
-            let t = first + i;
+            let r = first + i;
+            let (b, t) = (r / l, r % l);
             for hh in 0..h {
                 yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
             }
-            let r = b * l + t;
             gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
         }
     }
@@ -493,53 +493,36 @@ multiversion! {
 /// With `keep = false` (no backward will follow) the convolution's pre-activation buffers are
 /// not kept: the returned [`Saved`] is then only good for dropping.
 pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
-    let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+    let (h, p, g, n) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
     let (di, cd, rows) = (dims.d_inner(), dims.conv_dim(), dims.rows());
     let wt = transpose_conv(dims, prm.conv_w);
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
 
-    // Convolution + SiLU and dt, in blocks of rows.
-    let kept = if keep { rows * cd } else { 0 };
-    let mut xc = zeros(kept);
-    let mut xa = zeros(rows * cd);
-    let mut dt = zeros(rows * 3 * h);
-    let rows_xa = xa.par_chunks_mut(ROWS_PER_TASK * cd).zip(dt.par_chunks_mut(ROWS_PER_TASK * 3 * h)).enumerate();
-    if keep {
-        // Kept for the backward: every row's pre-activation (its sigmoid is cheaper to recompute
-        // there than to store and read back).
-        rows_xa.zip(xc.par_chunks_mut(ROWS_PER_TASK * cd)).for_each(|((task, (xa, dt)), xc)| {
-            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, xc, xa, dt)
-        });
-    } else {
-        // Inference: a scratch row per task instead.
-        rows_xa.for_each(|(task, (xa, dt))| {
-            let mut xc = vec![T::zero(); cd];
-            conv_rows(dims, inp, prm, &wt, &a, task * ROWS_PER_TASK, &mut xc, xa, dt);
-        });
-    }
+    // Convolution + SiLU and dt, in blocks of rows. The pre-activation is kept for the backward
+    // (its sigmoid is cheaper to recompute there than to store and read back); in inference a
+    // scratch row per task takes its place.
+    let widths = [if keep { cd } else { 0 }, cd, 3 * h];
+    let ([xc, xa, dt], _) = build_rows(rows, ROWS_PER_TASK, widths, |first, [xc, xa, dt]| {
+        if keep {
+            conv_rows(dims, inp, prm, &wt, &a, first, xc, xa, dt)
+        } else {
+            conv_rows(dims, inp, prm, &wt, &a, first, &mut vec![T::zero(); cd], xa, dt)
+        }
+    });
 
     // The scan, one (batch, head) pair per task.
     let per_head: Vec<(Vec<T>, Vec<T>)> =
         (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
 
-    // Each row's heads gathered into `y`, then the gated norm written straight into `out`; batch
-    // entries and row blocks in parallel.
+    // Each row's heads gathered into `y`, then the gated norm written straight into `out`.
     let sl = dims.state_len();
-    let mut y = zeros(rows * di);
-    let mut rstd = zeros(rows * g);
-    let mut out = zeros(rows * di);
+    let ([out, y, rstd], _) = build_rows(rows, ROWS_PER_TASK, [di, di, g], |first, [out, y, rstd]| {
+        norm_rows(dims, inp, prm, &per_head, first, out, y, rstd)
+    });
     let mut fin = zeros(dims.batch * sl);
     for (bh, (_, last)) in per_head.iter().enumerate() {
         fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
     }
-    // `max(1)`: an empty sequence has no rows, and chunks may not be empty.
-    let per_batch = out.par_chunks_mut((l * di).max(1)).zip(y.par_chunks_mut((l * di).max(1)));
-    per_batch.zip(rstd.par_chunks_mut((l * g).max(1))).enumerate().for_each(|(b, ((ob, yb), rb))| {
-        let blocks = ob.par_chunks_mut(ROWS_PER_TASK * di).zip(yb.par_chunks_mut(ROWS_PER_TASK * di));
-        blocks.zip(rb.par_chunks_mut(ROWS_PER_TASK * g)).enumerate().for_each(|(task, ((oc, yc), rc))| {
-            norm_rows(dims, inp, prm, &per_head, b, task * ROWS_PER_TASK, oc, yc, rc);
-        });
-    });
     (out, fin, Saved { xc, xa, dt, y, rstd })
 }
 
@@ -859,16 +842,11 @@ pub(crate) fn backward<T: HostFloat>(
     let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
-    let mut gzx = zeros(rows * w);
-
-    // Norm: gradient of y (into gy) and of z (into gzx), and partial sums for the norm weight.
-    let mut gy = zeros(rows * di);
-    let norm_partials: Vec<Vec<T>> = gy
-        .par_chunks_mut(ROWS_PER_TASK * di)
-        .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
-        .enumerate()
-        .map(|(task, (gy, gzx))| norm_backward_rows(dims, inp, prm, saved, gout, task * ROWS_PER_TASK, gy, gzx))
-        .collect();
+    // Norm: gradient of y (into gy) and of z (into gzx, whose other columns the later passes
+    // fill), and partial sums for the norm weight.
+    let ([gy, mut gzx], norm_partials) = build_rows(rows, ROWS_PER_TASK, [di, w], |first, [gy, gzx]| {
+        norm_backward_rows(dims, inp, prm, saved, gout, first, gy, gzx)
+    });
     let norm_w = sum_partials(norm_partials, di);
 
     // The scan in reverse, one block of consecutive heads of one batch entry per task: one block
@@ -1005,6 +983,58 @@ pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize,
     v
 }
 
+/// The raw starts of [`build_rows`]'s buffers, shared by its tasks, each of which writes only
+/// its own rows.
+struct Starts<T, const N: usize>([*mut T; N]);
+// SAFETY: the tasks write disjoint ranges (see `build_rows`), and the vectors outlive them.
+unsafe impl<T: Send, const N: usize> Sync for Starts<T, N> {}
+impl<T, const N: usize> Starts<T, N> {
+    /// A method rather than a field access, so that closures capture the whole (`Sync`) struct.
+    fn get(&self, k: usize) -> *mut T {
+        self.0[k]
+    }
+}
+
+/// `N` buffers of `rows` rows each (`widths[k]` values per row of buffer `k`) built by the rayon
+/// pool in blocks of `per_task` rows: each task zeroes its block of every buffer and hands the
+/// blocks, with the block's first row, to `fill`, which writes them while the zeroed lines are
+/// still in cache. (Zeroed by [`zeros`] in a pass of its own, the buffers went to memory and
+/// came back: each byte written twice to memory, 5 % of a medium train step.) Returns the
+/// buffers and what `fill` returned per block, in row order.
+pub(crate) fn build_rows<T: HostFloat, R: Send, const N: usize>(
+    rows: usize,
+    per_task: usize,
+    widths: [usize; N],
+    fill: impl Fn(usize, [&mut [T]; N]) -> R + Sync + Send,
+) -> ([Vec<T>; N], Vec<R>) {
+    let per_task = per_task.max(1);
+    let mut bufs: [Vec<T>; N] = std::array::from_fn(|k| Vec::with_capacity(rows * widths[k]));
+    let starts: Starts<T, N> = Starts(std::array::from_fn(|k| bufs[k].as_mut_ptr()));
+    let parts = (0..rows.div_ceil(per_task))
+        .into_par_iter()
+        .map(|task| {
+            let (first, count) = (task * per_task, per_task.min(rows - task * per_task));
+            let blocks: [&mut [T]; N] = std::array::from_fn(|k| {
+                // SAFETY: rows `first..first + count` of buffer `k` lie inside its capacity of
+                // `rows * widths[k]` values, and no other task touches them. `T` is `Pod`, so the
+                // zeroed values are valid before `fill` writes them.
+                unsafe {
+                    let p = starts.get(k).add(first * widths[k]);
+                    std::ptr::write_bytes(p, 0, count * widths[k]);
+                    std::slice::from_raw_parts_mut(p, count * widths[k])
+                }
+            });
+            fill(first, blocks)
+        })
+        .collect();
+    for (buf, &width) in bufs.iter_mut().zip(&widths) {
+        // SAFETY: the blocks cover every row, and each task initialised its own (a panic in a
+        // task propagates before this line).
+        unsafe { buf.set_len(rows * width) };
+    }
+    (bufs, parts)
+}
+
 /// Values per task in [`build`]'s plain uses: large enough to amortise a task, small enough to
 /// stay in the second-level cache.
 pub(crate) const BUILD_CHUNK: usize = 1 << 14;
@@ -1023,11 +1053,8 @@ pub(crate) fn filled<T: HostFloat>(src: &[T]) -> Vec<T> {
 pub(crate) fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
     let d = w.len().max(1);
     let rows = x.len() / d;
-    let mut out = zeros(rows * d);
-    let mut rstd = zeros(rows);
-    out.par_chunks_mut(ROWS_PER_TASK * d).zip(rstd.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(|(task, (o, r))| {
-        let first = task * ROWS_PER_TASK * d;
-        rms_rows(&x[first..first + o.len()], w, c(eps), o, r)
+    let ([out, rstd], _) = build_rows(rows, ROWS_PER_TASK, [d, 1], |first, [o, r]| {
+        rms_rows(&x[first * d..first * d + o.len()], w, c(eps), o, r)
     });
     (out, rstd)
 }
@@ -1059,16 +1086,13 @@ multiversion! {
 /// `g` of the norm's output; and the weight's gradient.
 pub(crate) fn rms_norm_backward<T: HostFloat>(x: &[T], w: &[T], rstd: &[T], g: &[T], around: Option<&[T]>) -> (Vec<T>, Vec<T>) {
     let d = w.len().max(1);
-    let mut gx = around.map_or_else(|| zeros(x.len()), filled);
-    let parts: Vec<Vec<T>> = gx
-        .par_chunks_mut(ROWS_PER_TASK * d)
-        .enumerate()
-        .map(|(task, gxc)| {
-            let (first, rows) = (task * ROWS_PER_TASK, gxc.len() / d);
-            let span = first * d..(first + rows) * d;
-            rms_backward_rows(&x[span.clone()], w, &rstd[first..first + rows], &g[span], gxc)
-        })
-        .collect();
+    let ([gx], parts) = build_rows(x.len() / d, ROWS_PER_TASK, [d], |first, [gxc]| {
+        let (rows, span) = (gxc.len() / d, first * d..first * d + gxc.len());
+        if let Some(around) = around {
+            gxc.copy_from_slice(&around[span.clone()]);
+        }
+        rms_backward_rows(&x[span.clone()], w, &rstd[first..first + rows], &g[span], gxc)
+    });
     (gx, sum_partials(parts, w.len()))
 }
 
@@ -1081,4 +1105,5 @@ fn sum_partials<T: HostFloat>(parts: Vec<Vec<T>>, len: usize) -> Vec<T> {
     }
     total
 }
+
 

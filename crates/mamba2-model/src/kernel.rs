@@ -961,25 +961,12 @@ multiversion! {
     }
 }
 
-/// A vector of `len` values built by the rayon pool, `chunk` values per task: each task zeroes
-/// its chunk (in cache, just before use) and hands it to `fill` with the chunk's offset. A
-/// single thread's `memset` of the large buffers of a step would leave the other cores idle for
-/// as long as it takes.
+/// A vector of `len` values built by the rayon pool, `chunk` values per task: [`build_rows`]
+/// with one buffer of one value per row, so each task zeroes its chunk (in cache, just before
+/// use) and hands it to `fill` with the chunk's offset. A single thread's `memset` of the large
+/// buffers of a step would leave the other cores idle for as long as it takes.
 pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
-    let chunk = chunk.max(1);
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    v.spare_capacity_mut()[..len].par_chunks_mut(chunk).enumerate().for_each(|(i, c)| {
-        // SAFETY: `T` is `Pod`, so all-zero bytes are a valid value: once written, every element
-        // of `c` is initialised and may be seen as `T`.
-        let c: &mut [T] = unsafe {
-            std::ptr::write_bytes(c.as_mut_ptr(), 0, c.len());
-            &mut *(c as *mut [std::mem::MaybeUninit<T>] as *mut [T])
-        };
-        fill(i * chunk, c);
-    });
-    // SAFETY: the chunks cover the first `len` elements of the spare capacity and each task
-    // initialised its own (a panic in a task propagates before this line).
-    unsafe { v.set_len(len) };
+    let ([v], _) = build_rows(len, chunk, [1], |at, [c]| fill(at, c));
     v
 }
 

@@ -439,10 +439,10 @@ multiversion! {
         let (di, cd) = (dims.d_inner(), dims.conv_dim());
         let (b, hh) = (bh / h, bh % h);
         let gi = hh / (h / g);
-        let mut state = match inp.h0 {
-            Some(h0) => h0[bh * p * n..(bh + 1) * p * n].to_vec(),
-            None => vec![T::zero(); p * n],
-        };
+        let mut state = Lines::zeros(p * n);
+        if let Some(h0) = inp.h0 {
+            state.copy_from_slice(&h0[bh * p * n..(bh + 1) * p * n]);
+        }
         let mut y = vec![T::zero(); l * p];
         for t in 0..l {
             let r = b * l + t;
@@ -464,7 +464,7 @@ multiversion! {
                 }
             }
         }
-        (y, state)
+        (y, state.to_vec())
     }
 }
 
@@ -587,9 +587,9 @@ pub(crate) struct BlockGrads<T> {
     /// `[L, heads]`.
     gdt: Vec<T>,
     /// `[L, 2 ngroups d_state]`: the B and C columns, summed over the block's heads.
-    gbc: Vec<T>,
+    gbc: Lines<T>,
     /// `[heads, headdim, d_state]`.
-    gh0: Vec<T>,
+    gh0: Lines<T>,
     /// Per head.
     ga: Vec<T>,
     /// `[heads, headdim]` or `[heads, 1]`.
@@ -676,12 +676,12 @@ multiversion! {
             heads,
             gx: vec![T::zero(); l * heads * p],
             gdt: vec![T::zero(); l * heads],
-            gbc: vec![T::zero(); l * 2 * gn],
-            gh0: vec![T::zero(); heads * p * n],
+            gbc: Lines::zeros(l * 2 * gn),
+            gh0: Lines::zeros(heads * p * n),
             ga: vec![T::zero(); heads],
             gd: vec![T::zero(); heads * d_width],
         };
-        let mut state = vec![T::zero(); p * n];
+        let mut state = Lines::zeros(p * n);
         let mut q = vec![T::zero(); l];
         let mut marks = Vec::with_capacity(l.div_ceil(MARK) * p * n);
         let mut sb = vec![T::zero(); p];
@@ -958,6 +958,41 @@ multiversion! {
         for ((xr, or), inv) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(rstd.iter_mut()) {
             *inv = rms_row(xr, w, eps, or);
         }
+    }
+}
+
+/// A zeroed buffer whose first value starts a cache line. The scans load and store the state
+/// as 64-byte vectors at every step: in a buffer that starts mid-line each of those touches two
+/// lines and a store can no longer hand its value straight to the next step's load, which made
+/// the forward scan about 1.4x slower (the allocator only promises 16 bytes).
+#[derive(Debug)]
+pub(crate) struct Lines<T> {
+    buf: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T: HostFloat> Lines<T> {
+    /// `len` zeros.
+    pub(crate) fn zeros(len: usize) -> Self {
+        let extra = 64 / std::mem::size_of::<T>();
+        let buf = vec![T::zero(); len + extra];
+        // `align_offset` may decline (usize::MAX); the buffer is then merely unaligned.
+        let start = buf.as_ptr().align_offset(64).min(extra);
+        Self { buf, start, len }
+    }
+}
+
+impl<T> std::ops::Deref for Lines<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<T> std::ops::DerefMut for Lines<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 

@@ -3,7 +3,7 @@
 
 use burn::nn::Linear;
 use burn::prelude::*;
-use mamba2_model::{Mamba2Config, Mamba2State, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
+use mamba2_model::{ConfigError, Mamba2Config, Mamba2State, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
 use serde::{Deserialize, Serialize};
 
 /// What the forecaster reads and predicts, and how.
@@ -54,7 +54,11 @@ impl ForecasterConfig {
         let target_idx = s
             .targets
             .iter()
-            .map(|t| s.features.iter().position(|f| f == t).ok_or_else(|| ModelError::HfConfig { why: format!("target `{t}` is not a feature") }))
+            .map(|t| {
+                s.features.iter().position(|f| f == t).ok_or_else(|| {
+                    ModelError::Config(ConfigError::Invalid { name: "targets", value: t.clone(), why: "each target must be one of the features" })
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mamba = TimeSeriesConfig::new(self.backbone.clone(), s.features.len(), s.horizon * s.targets.len()).init(device)?;
         let skip = s.linear_skip.then(|| burn::nn::LinearConfig::new(s.lookback, s.horizon).init(device));
@@ -126,5 +130,33 @@ impl<B: Backend> Forecaster<B> {
     /// Whether [`step`](Self::step) applies (no per-window normalisation, no window skip).
     pub fn streamable(&self) -> bool {
         !self.spec.revin && !self.spec.linear_skip
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+
+    /// A target that is not among the features is a config error that names it, not a panic
+    /// and not another kind of error.
+    #[test]
+    fn a_target_outside_the_features_is_a_config_error() {
+        let spec = ForecastSpec {
+            lookback: 8,
+            horizon: 2,
+            features: vec!["a".into(), "b".into()],
+            targets: vec!["b".into(), "OT".into()],
+            revin: true,
+            linear_skip: false,
+        };
+        let config = ForecasterConfig { spec, backbone: Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8) };
+        match config.init::<NdArray<f32>>(&Default::default()) {
+            Err(e @ ModelError::Config(ConfigError::Invalid { name: "targets", .. })) => {
+                assert!(e.to_string().contains("OT"), "{e}");
+            }
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a forecaster with an unknown target was built"),
+        }
     }
 }

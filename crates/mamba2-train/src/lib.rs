@@ -58,6 +58,14 @@ pub enum TrainError {
         /// What is wrong.
         why: String,
     },
+    /// A chart could not be drawn.
+    #[error("{path}: chart: {why}")]
+    Plot {
+        /// The chart's file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
     /// Training produced NaN or infinity.
     #[error("non-finite value at optimizer step {step}: {what}")]
     NonFinite {

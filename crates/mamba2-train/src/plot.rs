@@ -15,8 +15,14 @@ pub struct Series<'a> {
 /// Draws `series` on a white `width x height` canvas with a grey frame and a zero line when
 /// zero is in range, and writes it to `path` atomically.
 pub fn line_chart(path: &Path, series: &[Series], width: usize, height: usize) -> Result<(), TrainError> {
-    let mut px = vec![255u8; width * height * 3];
     let margin = 20usize;
+    let fail = |why: String| TrainError::Plot { path: path.display().to_string(), why };
+    // The frame needs room inside the margins, and PNG sizes are 32-bit.
+    let (min, max) = (2 * margin + 2, u32::MAX as usize / 4);
+    if !(min..=max).contains(&width) || !(min..=max).contains(&height) {
+        return Err(fail(format!("size {width} x {height} is outside {min}..={max} pixels per side")));
+    }
+    let mut px = vec![255u8; width * height * 3];
     let (lo, hi) = series
         .iter()
         .flat_map(|s| s.values.iter().copied().filter(|v| v.is_finite()))
@@ -67,8 +73,46 @@ pub fn line_chart(path: &Path, series: &[Series], width: usize, height: usize) -
         let mut enc = png::Encoder::new(&mut bytes, width as u32, height as u32);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| TrainError::Config { why: format!("png: {e}") })?;
-        w.write_image_data(&px).map_err(|e| TrainError::Config { why: format!("png: {e}") })?;
+        let mut w = enc.write_header().map_err(|e| fail(format!("png: {e}")))?;
+        w.write_image_data(&px).map_err(|e| fail(format!("png: {e}")))?;
     }
     mamba2_model::write_atomically(path, &bytes).map_err(TrainError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("mamba2-plot-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A chart is a PNG of the asked size with the series' colour in it.
+    #[test]
+    fn a_chart_is_a_png_of_the_asked_size() {
+        let path = scratch("ok").join("c.png");
+        let values = [1.0, -2.0, 3.0, f64::NAN, 0.5];
+        line_chart(&path, &[Series { values: &values, rgb: [200, 10, 10] }], 120, 80).unwrap();
+        let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()));
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (120, 80));
+        assert!(buf[..info.buffer_size()].chunks(3).any(|p| p == [200, 10, 10]));
+    }
+
+    /// Too small a canvas is a chart error naming the file and the size, and writes nothing.
+    #[test]
+    fn too_small_a_canvas_is_an_error() {
+        let path = scratch("small").join("c.png");
+        for (w, h) in [(10, 80), (120, 5), (0, 0)] {
+            match line_chart(&path, &[Series { values: &[1.0, 2.0], rgb: [0; 3] }], w, h) {
+                Err(e @ TrainError::Plot { .. }) => assert!(e.to_string().contains(&format!("{w} x {h}")), "{e}"),
+                other => panic!("{w} x {h}: {other:?}"),
+            }
+        }
+        assert!(!path.exists());
+    }
 }

@@ -1127,5 +1127,3 @@ fn sum_partials<T: HostFloat>(parts: Vec<Vec<T>>, len: usize) -> Vec<T> {
     }
     total
 }
-
-

@@ -1,8 +1,6 @@
 //! Our own checkpoints round-trip exactly and reject damaged files with a typed error.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mamba2_model::{load_checkpoint, read_checkpoint_header, save_checkpoint, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
 use mamba2_tensor::compare::to_f64_vec;
 

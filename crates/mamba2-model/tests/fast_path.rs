@@ -4,12 +4,10 @@
 //! for the mixer alone, inside its block (pre-norm and residual), and as a one-layer stack (the
 //! block and the final norm), which the kernel fuses.
 
-mod common;
-
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
-use common::{FlexF32Grad, NdF64Grad};
+use crate::common::{normal, FlexF32Grad, NdF64Grad};
 use burn::module::Param;
 use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
@@ -85,20 +83,17 @@ impl<B: AutodiffBackend> Unit<B> {
 /// Output, final state (ssm and conv) and every gradient of one forward and backward.
 fn run<B: AutodiffBackend>(unit: &Unit<B>, case: &Case, seed: u64) -> Vec<(String, Vec<f64>)> {
     let device = Default::default();
-    B::seed(&device, seed);
     let c = &case.config;
-    let u = Tensor::<B, 3>::random([case.batch, case.len, c.d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
+    let u = normal::<B, 3>([case.batch, case.len, c.d_model], seed, &device).require_grad();
     let state = case.with_state.then(|| MixerState {
-        conv: Tensor::<B, 3>::random([case.batch, c.d_conv - 1, c.conv_dim()], Distribution::Normal(0.0, 1.0), &device)
-            .require_grad(),
-        ssm: Tensor::<B, 4>::random([case.batch, c.nheads(), c.headdim, c.d_state], Distribution::Normal(0.0, 1.0), &device)
-            .require_grad(),
+        conv: normal::<B, 3>([case.batch, c.d_conv - 1, c.conv_dim()], seed + 1, &device).require_grad(),
+        ssm: normal::<B, 4>([case.batch, c.nheads(), c.headdim, c.d_state], seed + 2, &device).require_grad(),
     });
     // Random weights on every output make each gradient path carry a distinct signal.
     let (y, next) = unit.forward(u.clone(), state.clone());
-    let wy = Tensor::<B, 3>::random(y.dims(), Distribution::Normal(0.0, 1.0), &device);
-    let ws = Tensor::<B, 4>::random(next.ssm.dims(), Distribution::Normal(0.0, 1.0), &device);
-    let wc = Tensor::<B, 3>::random(next.conv.dims(), Distribution::Normal(0.0, 1.0), &device);
+    let wy = normal::<B, 3>(y.dims(), seed + 3, &device);
+    let ws = normal::<B, 4>(next.ssm.dims(), seed + 4, &device);
+    let wc = normal::<B, 3>(next.conv.dims(), seed + 5, &device);
     let loss = (y.clone() * wy).sum() + (next.ssm.clone() * ws).sum() + (next.conv.clone() * wc).sum();
     let grads = loss.backward();
     let mut out = vec![

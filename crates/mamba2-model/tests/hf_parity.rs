@@ -2,11 +2,9 @@
 //! checkpoints written by `tools/reference/hf_fixtures.py`: hidden states and logits within
 //! 1e-4 absolute, every parameter gradient within 1e-3 relative.
 
-mod common;
-
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use common::*;
+use crate::common::*;
 use mamba2_model::{hf_name, load_hf_lm, named_grads, ModelError};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 

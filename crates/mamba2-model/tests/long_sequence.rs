@@ -1,15 +1,10 @@
 //! The CPU kernel in f32 over one long sequence, against the same kernel in f64 (which
-//! `fast_path.rs` holds equal to the generic path). A file of its own: it seeds and draws from
-//! the backends' shared random generators, which `fast_path.rs`'s tests, running in parallel in
-//! one process, rely on for identical inputs on both paths.
-
-mod common;
+//! `fast_path.rs` holds equal to the generic path).
 
 use burn::prelude::*;
 use burn::record::{DoublePrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::Distribution;
-use common::{FlexF32Grad, NdF64Grad};
+use crate::common::{normal_values, FlexF32Grad, NdF64Grad};
 use mamba2_model::{named_grads, Mamba2Config, Mamba2Mixer};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
@@ -39,11 +34,8 @@ fn f32_kernel_gradients_hold_over_a_long_sequence() {
     let device = Default::default();
     NdF64Grad::seed(&device, 11);
     let mixer64 = Mamba2Mixer::<NdF64Grad>::init(&config, &device).unwrap();
-    let noise = |seed| {
-        NdF64Grad::seed(&device, seed);
-        to_f64_vec(Tensor::<NdF64Grad, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device))
-    };
-    let (u, wy) = (noise(12), noise(13));
+    let numel = shape.iter().product();
+    let (u, wy) = (normal_values(numel, 12), normal_values(numel, 13));
     // The same weights in f32, through a full-precision record.
     let recorder = NamedMpkBytesRecorder::<DoublePrecisionSettings>::default();
     let bytes = recorder.record(mixer64.clone().into_record(), ()).unwrap();

@@ -1,10 +1,7 @@
 //! `StreamingStack` (the host inference path) against the tensor model's `step` and `forward`.
 
-mod common;
-
 use burn::prelude::*;
-use burn::tensor::Distribution;
-use common::{tiny_config, FlexF32, NdF64};
+use crate::common::{normal, tiny_config, FlexF32, NdF64};
 use mamba2_model::{HostFloat, Mamba2Config, Mamba2Stack, ModelError, StreamingStack};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
@@ -27,8 +24,8 @@ fn compare<B: Backend, T: HostFloat>(config: &Mamba2Config, batch: usize, steps:
     B::seed(&device, 11);
     let stack = Mamba2Stack::<B>::init(config, &device).unwrap();
     let d = config.d_model;
-    let prefix = Tensor::<B, 3>::random([batch, 9, d], Distribution::Normal(0.0, 1.0), &device);
-    let rows = Tensor::<B, 3>::random([batch, steps, d], Distribution::Normal(0.0, 1.0), &device);
+    let prefix = normal::<B, 3>([batch, 9, d], 12, &device);
+    let rows = normal::<B, 3>([batch, steps, d], 13, &device);
     let (_, mut state) = stack.forward(prefix, None).unwrap();
 
     let host = StreamingStack::<T>::new(&stack);

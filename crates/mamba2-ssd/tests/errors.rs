@@ -1,9 +1,7 @@
 //! Shapes that do not fit give a typed error naming the tensor, never a panic.
 
-mod common;
-
 use burn::prelude::*;
-use common::*;
+use crate::common::*;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, ssd_step, Skip, SsdError, SsdInput};
 use mamba2_tensor::ShapeError;
 

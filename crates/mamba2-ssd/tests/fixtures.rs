@@ -1,12 +1,10 @@
 //! Parity with an independent reference: the paper's `ssd_minimal` listing in PyTorch (f64),
 //! written by `tools/reference/ssd_fixtures.py` into `tests/fixtures/ssd_minimal.*`.
 
-mod common;
-
 use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
-use common::*;
+use crate::common::*;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, Skip, SsdInput};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 use safetensors::SafeTensors;

@@ -1,10 +1,8 @@
 //! Gradients of a scalar loss with respect to every input: chunked against sequential, and
 //! chunked against central finite differences.
 
-mod common;
-
 use burn::tensor::backend::AutodiffBackend;
-use common::*;
+use crate::common::*;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, Skip, SsdError, SsdInput, SsdOutput};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 

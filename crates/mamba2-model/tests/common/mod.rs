@@ -52,6 +52,35 @@ pub fn tiny_lm(ngroups: usize) -> LmConfig {
     LmConfig::new(tiny_config(ngroups), 11)
 }
 
+/// Standard normal values drawn from a generator of the caller's own (splitmix64 with the
+/// Box-Muller transform), seeded by `seed`. The backends' generators are process-wide, and every
+/// test in this binary runs in the same process, in parallel: a test that seeds one and then draws
+/// twice, expecting the same values, could see another test's draw in between.
+pub fn normal_values(len: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x9E37_79B9_7F4A_7C15;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // 53 random bits in (0, 1]: never 0, so that the logarithm below is finite.
+        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    };
+    (0..len)
+        .map(|_| {
+            let (a, b) = (uniform(), uniform());
+            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+        })
+        .collect()
+}
+
+/// A tensor of standard normal values from [`normal_values`].
+pub fn normal<B: Backend, const D: usize>(shape: [usize; D], seed: u64, device: &B::Device) -> Tensor<B, D> {
+    let values = normal_values(shape.iter().product(), seed);
+    Tensor::from_data(TensorData::new(values, shape).convert::<B::FloatElem>(), device)
+}
+
 /// A deterministic input that is not constant over time or features.
 pub fn wave<B: Backend>(batch: usize, len: usize, features: usize, device: &B::Device) -> Tensor<B, 3> {
     let values: Vec<f64> = (0..batch * len * features)

@@ -148,14 +148,14 @@ impl Mamba2Config {
         if self.d_conv < 2 {
             return Err(ConfigError::Invalid { name: "d_conv", value: self.d_conv.to_string(), why: "must be at least 2" });
         }
-        if self.d_inner() % self.headdim != 0 {
+        if !self.d_inner().is_multiple_of(self.headdim) {
             return Err(ConfigError::NotDivisible {
                 what: "headdim must divide d_inner = expand * d_model",
                 divisor: self.headdim,
                 total: self.d_inner(),
             });
         }
-        if self.nheads() % self.ngroups != 0 {
+        if !self.nheads().is_multiple_of(self.ngroups) {
             return Err(ConfigError::NotDivisible {
                 what: "ngroups must divide nheads = d_inner / headdim",
                 divisor: self.ngroups,

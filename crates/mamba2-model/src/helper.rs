@@ -113,7 +113,7 @@ impl<T: HostFloat> Helper<T> {
         let mut spins = 0u32;
         while self.shared.finished.load(Ordering::Acquire) < n {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+            if spins.is_multiple_of(4096) && self.thread.as_ref().is_none_or(|t| t.is_finished()) {
                 return;
             }
             std::hint::spin_loop();
@@ -143,7 +143,7 @@ fn work<T: HostFloat>(shared: &Shared<T>) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && idle_since.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && idle_since.elapsed() > SPIN {
                 shared.parked.store(true, Ordering::SeqCst);
                 // Posted after the flag was set: the poster saw the flag and unparks us, or we
                 // see its job here. The timeout only bounds a wait on `stop`.

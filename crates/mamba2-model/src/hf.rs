@@ -27,7 +27,7 @@ impl<'a> TensorSource<'a> {
     }
 
     fn has(&self, name: &str) -> bool {
-        self.st.names().iter().any(|n| *n == name)
+        self.st.names().contains(&name)
     }
 
     /// The values of `name` as f64, checked against `shape`.

@@ -126,7 +126,7 @@ unsafe fn gemm_raw<T: HostFloat>(dst: *mut T, m: usize, n: usize, k: usize, lhs:
 
 /// The column sums of the row-major `[rows, cols]` matrix `data`.
 pub(crate) fn column_sums<T: HostFloat>(data: &[T], cols: usize) -> Vec<T> {
-    let rows = if cols == 0 { 0 } else { data.len() / cols };
+    let rows = data.len().checked_div(cols).unwrap_or(0);
     let ones = vec![T::one(); rows];
     product(1, cols, rows, Mat::rows(&ones, rows), Mat::rows(data, cols))
 }

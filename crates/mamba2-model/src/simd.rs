@@ -257,6 +257,9 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `panels` was packed for `x.len()` rows and `out.len()` columns.
+    // The register arrays `even` and `odd` are indexed in step with the panel's vectors, one
+    // index for three places; iterators would hide that, not remove it.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn matvec_panels<T: Lanes + num_traits::Zero>(x: &[T], panels: &[T], out: &mut [T]) {
         let pw = panel_width::<T>();
@@ -277,7 +280,7 @@ mod x86 {
                     odd[j] = T::vfma(x1, T::vload(r1.add(j * T::W)), odd[j]);
                 }
             }
-            if d_in % 2 == 1 {
+            if !d_in.is_multiple_of(2) {
                 let (xl, rl) = (T::vsplat(x[d_in - 1]), base.add((d_in - 1) * pw));
                 for j in 0..PANEL {
                     even[j] = T::vfma(xl, T::vload(rl.add(j * T::W)), even[j]);
@@ -296,7 +299,7 @@ mod x86 {
     /// Whether the vector loops can run for rows of `n` values of `T` on this CPU.
     #[inline]
     pub(crate) fn usable<T: Lanes>(n: usize) -> bool {
-        n > 0 && n % T::W == 0 && std::is_x86_feature_detected!("avx512f")
+        n > 0 && n.is_multiple_of(T::W) && std::is_x86_feature_detected!("avx512f")
     }
 
     /// As `kernel::head_forward`. `d_state` is walked in blocks of up to [`BLOCK`] vectors whose
@@ -354,7 +357,7 @@ mod x86 {
         let bs: [T::V; NB] = std::array::from_fn(|j| T::vload(b.add(j * T::W)));
         let cs: [T::V; NB] = std::array::from_fn(|j| T::vload(c.add(j * T::W)));
         // Rows in groups of W where they divide evenly, for one transposing sum per group.
-        let group = if p % T::W == 0 { T::W } else { 1 };
+        let group = if p.is_multiple_of(T::W) { T::W } else { 1 };
         let mut accs = [T::vzero(); 16];
         for p0 in (0..p).step_by(group) {
             for (r, out) in accs[..group].iter_mut().enumerate() {

@@ -8,6 +8,9 @@ use crate::common::*;
 use mamba2_model::{hf_name, load_hf_lm, named_grads, ModelError};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
+/// One tensor of a safetensors file: name, dtype, shape and raw bytes.
+type Entry = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
@@ -97,7 +100,7 @@ fn bad_checkpoints_name_the_tensor() {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let device = Default::default();
     // Rewrites the file with `edit` applied to the list of (name, dtype, shape, data).
-    let rewrite = |edit: &dyn Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)| -> Vec<u8> {
+    let rewrite = |edit: &dyn Fn(&mut Vec<Entry>)| -> Vec<u8> {
         let mut items: Vec<_> = st
             .tensors()
             .into_iter()

@@ -179,6 +179,8 @@ impl<B: AutodiffBackend> AdamW<B> {
             }
         }
         if let Some(m) = config.max_grad_norm {
+            // Written so that NaN fails too.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             if !(m > 0.0) {
                 return Err(OptimError::Config { name: "max_grad_norm", value: m });
             }

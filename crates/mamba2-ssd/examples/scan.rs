@@ -10,7 +10,19 @@ use burn::tensor::Distribution;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, Skip, SsdInput};
 use mamba2_tensor::compare::tensor_rel_diff;
 
-fn run<B: Backend>(name: &str, batch: usize, len: usize, h: usize, p: usize, g: usize, n: usize, chunk: usize) {
+/// The sizes of one run: batch, length, heads, head dimension, groups, state size, chunk size.
+struct Sizes {
+    batch: usize,
+    len: usize,
+    h: usize,
+    p: usize,
+    g: usize,
+    n: usize,
+    chunk: usize,
+}
+
+fn run<B: Backend>(name: &str, sizes: Sizes) {
+    let Sizes { batch, len, h, p, g, n, chunk } = sizes;
     let device = Default::default();
     B::seed(&device, 7);
     let u = |lo: f64, hi: f64| Distribution::Uniform(lo, hi);
@@ -47,7 +59,8 @@ fn run<B: Backend>(name: &str, batch: usize, len: usize, h: usize, p: usize, g: 
 
 fn main() {
     println!("Mamba-2 SSD scan on random inputs (forward only)");
-    run::<NdArray<f64>>("ndarray f64", 8, 512, 16, 32, 1, 64, 64);
-    run::<Flex>("flex f32", 8, 512, 16, 32, 1, 64, 64);
-    run::<Flex>("flex f32", 2, 1000, 8, 16, 2, 32, 128);
+    let medium = || Sizes { batch: 8, len: 512, h: 16, p: 32, g: 1, n: 64, chunk: 64 };
+    run::<NdArray<f64>>("ndarray f64", medium());
+    run::<Flex>("flex f32", medium());
+    run::<Flex>("flex f32", Sizes { batch: 2, len: 1000, h: 8, p: 16, g: 2, n: 32, chunk: 128 });
 }

@@ -53,6 +53,7 @@ fn worst_over_grid<B: Backend>(device: &B::Device, chunk_sizes: &[usize]) -> (f6
                         ];
                         for diff in diffs {
                             // NaN must fail: compare so that NaN becomes the worst.
+                            #[allow(clippy::neg_cmp_op_on_partial_ord)]
                             if !(diff <= worst.0) {
                                 worst = (diff, format!("Q {q}, {case:?}"));
                             }

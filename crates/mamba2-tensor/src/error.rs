@@ -64,7 +64,7 @@ pub fn expect_positive(what: &'static str, value: usize) -> Result<(), ShapeErro
 
 /// Returns `Err(NotDivisible)` unless `divisor` divides `total` (and is positive).
 pub fn expect_divides(what: &'static str, divisor: usize, total: usize) -> Result<(), ShapeError> {
-    if divisor == 0 || total % divisor != 0 {
+    if divisor == 0 || !total.is_multiple_of(divisor) {
         Err(ShapeError::NotDivisible { what, divisor, total })
     } else {
         Ok(())

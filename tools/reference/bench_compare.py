@@ -25,6 +25,17 @@ TOKENS = {"small": 8 * 256, "medium": 8 * 512, "streaming": 1}
 SWEEP = [512, 1024, 2048, 4096, 8192, 16384]
 
 
+def machine():
+    """The processor's model name and the number of cores: the VM's processor changes between
+    sessions, and ratios from different processors are not comparable."""
+    try:
+        name = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                    if l.startswith("model name"))
+    except (OSError, StopIteration):
+        name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
+
 def rust_seconds(group, function, param):
     est = CRIT / group / function / str(param) / "new" / "estimates.json" if param else CRIT / group / function / "new" / "estimates.json"
     return json.loads(est.read_text())["median"]["point_estimate"] / 1e9
@@ -118,7 +129,7 @@ def main():
 
     out = ROOT / "docs" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(dict(machine=platform.processor() or platform.machine(),
+    (out / "compare.json").write_text(json.dumps(dict(machine=machine(),
                                                       rows=rows, paired=paired, sweep=sweep), indent=1) + "\n")
     import matplotlib
     matplotlib.use("Agg")

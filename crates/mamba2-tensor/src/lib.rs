@@ -10,7 +10,8 @@
 //!   tensor's own precision (Burn's default sigmoid rounds through f32);
 //! - [`causal_conv1d`]: causal depthwise convolution over time with an optional left context;
 //! - [`repeat_interleave`]: groups to heads;
-//! - [`compare`]: reading results back as `f64` and the relative difference used by all tests.
+//! - [`compare`]: reading results back as `f64` and the relative difference used by all tests;
+//! - [`rng`]: a seeded host-side generator whose draws do not depend on a backend.
 //!
 //! Shape mistakes are reported as a [`ShapeError`] that carries the offending sizes.
 //!
@@ -34,6 +35,7 @@ mod error;
 mod norm;
 mod pad;
 mod repeat;
+pub mod rng;
 mod segsum;
 
 pub use activation::{inverse_softplus, sigmoid, silu, softplus, SOFTPLUS_THRESHOLD};

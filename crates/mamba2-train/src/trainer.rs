@@ -10,6 +10,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use mamba2_model::{load_checkpoint, save_checkpoint, write_atomically};
+use mamba2_tensor::rng::SplitMix64;
 use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError};
 use serde::{Deserialize, Serialize};
 
@@ -144,19 +145,7 @@ impl RunDir {
 }
 
 fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut state = seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
-    let mut p: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        p.swap(i, (next() % (i as u64 + 1)) as usize);
-    }
-    p
+    SplitMix64::new(seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03).permutation(n)
 }
 
 /// A batch of windows as tensors.

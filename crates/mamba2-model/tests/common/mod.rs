@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use burn::prelude::*;
 use mamba2_model::{Mamba2Config, TimeSeriesConfig, LmConfig};
+use mamba2_tensor::rng::SplitMix64;
 use safetensors::SafeTensors;
 
 pub type NdF64 = burn::backend::NdArray<f64>;
@@ -52,27 +53,12 @@ pub fn tiny_lm(ngroups: usize) -> LmConfig {
     LmConfig::new(tiny_config(ngroups), 11)
 }
 
-/// Standard normal values drawn from a generator of the caller's own (splitmix64 with the
-/// Box-Muller transform), seeded by `seed`. The backends' generators are process-wide, and every
-/// test in this binary runs in the same process, in parallel: a test that seeds one and then draws
-/// twice, expecting the same values, could see another test's draw in between.
+/// Standard normal values from a generator of the caller's own ([`SplitMix64`]), seeded by
+/// `seed`. The backends' generators are process-wide, and every test in this binary runs in the
+/// same process, in parallel: a test that seeds one and then draws twice, expecting the same
+/// values, could see another test's draw in between.
 pub fn normal_values(len: usize, seed: u64) -> Vec<f64> {
-    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x9E37_79B9_7F4A_7C15;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        // 53 random bits in (0, 1]: never 0, so that the logarithm below is finite.
-        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    };
-    (0..len)
-        .map(|_| {
-            let (a, b) = (uniform(), uniform());
-            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-        })
-        .collect()
+    SplitMix64::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x9E37_79B9_7F4A_7C15).normal_vec(len)
 }
 
 /// A tensor of standard normal values from [`normal_values`].

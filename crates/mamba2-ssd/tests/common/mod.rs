@@ -14,31 +14,8 @@ pub type CudaF32 = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type CudaF32Grad = burn::backend::Autodiff<CudaF32>;
 
-/// SplitMix64: a tiny, fixed generator so fixtures in tests never depend on a backend's RNG.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
-    pub fn vec(&mut self, len: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..len).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
+/// A tiny, fixed generator, so that fixtures in tests never depend on a backend's RNG.
+pub use mamba2_tensor::rng::SplitMix64 as Rng;
 
 /// A host-side array: values and shape.
 #[derive(Debug, Clone)]
@@ -49,7 +26,7 @@ pub struct Array {
 
 impl Array {
     pub fn random(rng: &mut Rng, shape: &[usize], lo: f64, hi: f64) -> Self {
-        Self { values: rng.vec(shape.iter().product(), lo, hi), shape: shape.to_vec() }
+        Self { values: rng.uniform_vec(shape.iter().product(), lo, hi), shape: shape.to_vec() }
     }
 
     pub fn tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {

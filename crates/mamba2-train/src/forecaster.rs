@@ -72,6 +72,11 @@ impl<B: Backend> Forecaster<B> {
         &self.spec
     }
 
+    /// The column of each target among the features, in the order of `spec().targets`.
+    pub fn target_indices(&self) -> &[usize] {
+        &self.target_idx
+    }
+
     fn targets_of(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(self.target_idx.iter().map(|&i| i as i64).collect::<Vec<_>>(), [self.target_idx.len()]), &x.device());
         x.select(2, idx)

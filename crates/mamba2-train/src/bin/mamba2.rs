@@ -190,6 +190,19 @@ macro_rules! with_backend {
     }};
 }
 
+/// Runs `$body` with `$I` bound to the inference backend the flags select and the checkpoint at
+/// `$path` loaded on it (see [`load_model`]), for the commands that use a trained model.
+macro_rules! with_model {
+    ($b:expr, $path:expr, $I:ident, ($model:ident, $scaler:ident, $spec:ident, $device:ident), $body:block) => {
+        with_backend!($b, B, {
+            type $I = <B as AutodiffBackend>::InnerBackend;
+            let $device = Default::default();
+            let ($model, $scaler, $spec) = load_model::<$I>($path, &$device)?;
+            $body
+        })
+    };
+}
+
 fn published(h: usize) -> Option<[(&'static str, f64, f64); 6]> {
     let row = match h {
         96 => [0.386, 0.405, 0.386, 0.405, 0.386, 0.395, 0.414, 0.419, 0.384, 0.402, 0.386, 0.400],
@@ -283,59 +296,54 @@ fn plots<B: burn::prelude::Backend>(out: &Path, history: &[mamba2_train::EpochRe
     Ok(())
 }
 
-fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler)> {
+/// A checkpoint opened for `eval`, `predict` and `stream`: the model, the scaler it was trained
+/// with, and what it reads and predicts.
+fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler, ForecastSpec)> {
     let Loaded { module, meta, .. } = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(path, device, |c, d| c.init(d))?;
     let scaler: Scaler = serde_json::from_value(meta["scaler"].clone()).with_context(|| format!("{}: no data scaler in the checkpoint", path.display()))?;
-    Ok((module, scaler))
+    let spec = module.spec().clone();
+    Ok((module, scaler, spec))
 }
 
-fn scaled_rows(table: &Table, model_features: &[String], scaler: &Scaler) -> Result<Vec<Vec<f64>>> {
-    let idx = table.indices(model_features)?;
+/// Host values as a tensor of the backend's float type.
+fn tensor<B: burn::prelude::Backend, const D: usize>(values: Vec<f64>, shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values, shape).convert::<burn::tensor::ops::FloatElem<B>>(), device)
+}
+
+/// The rows of `--data` (or the embedded data) in the model's feature columns, scaled as in
+/// training.
+fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<Vec<Vec<f64>>> {
+    let (table, _) = load_table(d, Some(spec.features.clone()))?;
+    let idx = table.indices(&spec.features)?;
     let rows: Vec<Vec<f64>> = table.rows.iter().map(|r| idx.iter().map(|&j| r[j]).collect()).collect();
     Ok(scaler.transform(&rows))
 }
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
-    with_backend!(a.backend, B, {
-        type I = <B as AutodiffBackend>::InnerBackend;
-        let device = Default::default();
-        let (model, scaler) = load_model::<I>(&a.checkpoint, &device)?;
-        let spec = model.spec().clone();
-        let (table, _) = load_table(&a.data, Some(spec.features.clone()))?;
-        let rows = scaled_rows(&table, &spec.features, &scaler)?;
-        let targets: Vec<usize> = spec.targets.iter().map(|t| spec.features.iter().position(|f| f == t).expect("targets are features")).collect();
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
+        let rows = scaled_rows(&a.data, &spec, &scaler)?;
+        let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
-        let (mse, mae) = evaluate(&model, &w, &targets, 32, false, &device)?;
-        let (rmse, rmae) = repeat_baseline(&w, &targets, 1);
+        let (mse, mae) = evaluate(&model, &w, targets, 32, false, &device)?;
+        let (rmse, rmae) = repeat_baseline(&w, targets, 1);
         println!("{} windows (normalised units): mamba2 MSE {mse:.6} MAE {mae:.6}; Repeat MSE {rmse:.6} MAE {rmae:.6}", w.len());
     });
     Ok(())
 }
 
-fn print_forecast(out: &mut impl Write, pred: &[f64], spec: &ForecastSpec, scaler: &Scaler, prefix: &str) -> Result<()> {
-    let t = spec.targets.len();
-    for (k, step) in pred.chunks(t).enumerate() {
-        let vals: Vec<String> = step
-            .iter()
-            .zip(&spec.targets)
-            .map(|(v, name)| {
-                let j = spec.features.iter().position(|f| f == name).expect("targets are features");
-                format!("{}", scaler.inverse(j, *v))
-            })
-            .collect();
+/// One line per predicted step, `{prefix}{step},{value per target}`, in the data's own units;
+/// `targets` holds each target's feature column (the scaler is per feature).
+fn print_forecast(out: &mut impl Write, pred: &[f64], targets: &[usize], scaler: &Scaler, prefix: &str) -> Result<()> {
+    for (k, step) in pred.chunks(targets.len().max(1)).enumerate() {
+        let vals: Vec<String> = step.iter().zip(targets).map(|(v, &j)| format!("{}", scaler.inverse(j, *v))).collect();
         writeln!(out, "{prefix}{},{}", k + 1, vals.join(","))?;
     }
     Ok(())
 }
 
 fn cmd_predict(a: UseArgs) -> Result<()> {
-    with_backend!(a.backend, B, {
-        type I = <B as AutodiffBackend>::InnerBackend;
-        let device = Default::default();
-        let (model, scaler) = load_model::<I>(&a.checkpoint, &device)?;
-        let spec = model.spec().clone();
-        let (table, _) = load_table(&a.data, Some(spec.features.clone()))?;
-        let rows = scaled_rows(&table, &spec.features, &scaler)?;
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
+        let rows = scaled_rows(&a.data, &spec, &scaler)?;
         // A streamable model reads the whole history (what `stream` sees); the others the last L rows.
         let used: &[Vec<f64>] = if model.streamable() { &rows } else {
             if rows.len() < spec.lookback {
@@ -344,21 +352,17 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
             &rows[rows.len() - spec.lookback..]
         };
         let flat: Vec<f64> = used.iter().flatten().copied().collect();
-        let x = Tensor::<I, 3>::from_data(TensorData::new(flat, [1, used.len(), spec.features.len()]).convert::<burn::tensor::ops::FloatElem<I>>(), &device);
+        let x = tensor::<I, 3>(flat, [1, used.len(), spec.features.len()], &device);
         let pred = if model.streamable() { model.forward_history(x)? } else { model.forward(x)? };
         let mut out = std::io::stdout().lock();
         writeln!(out, "step,{}", spec.targets.join(","))?;
-        print_forecast(&mut out, &to_f64_vec(pred), &spec, &scaler, "")?;
+        print_forecast(&mut out, &to_f64_vec(pred), model.target_indices(), &scaler, "")?;
     });
     Ok(())
 }
 
 fn cmd_stream(a: StreamArgs) -> Result<()> {
-    with_backend!(a.backend, B, {
-        type I = <B as AutodiffBackend>::InnerBackend;
-        let device = Default::default();
-        let (model, scaler) = load_model::<I>(&a.checkpoint, &device)?;
-        let spec = model.spec().clone();
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
         if !model.streamable() {
             bail!("{} was trained with RevIN or the linear skip, which need whole windows; train with --no-revin --no-linear-skip to stream", a.checkpoint.display());
         }
@@ -375,10 +379,10 @@ fn cmd_stream(a: StreamArgs) -> Result<()> {
             }
             let table = Table::from_csv_str(&format!("{header}\n{line}\n"), &format!("stdin row {}", i + 1), &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) })?;
             let row = scaler.transform(&table.rows)[0].clone();
-            let x = Tensor::<I, 2>::from_data(TensorData::new(row, [1, spec.features.len()]).convert::<burn::tensor::ops::FloatElem<I>>(), &device);
+            let x = tensor::<I, 2>(row, [1, spec.features.len()], &device);
             let (pred, next) = model.step(x, state)?;
             state = next;
-            print_forecast(&mut out, &to_f64_vec(pred), &spec, &scaler, &format!("{},", i + 1))?;
+            print_forecast(&mut out, &to_f64_vec(pred), model.target_indices(), &scaler, &format!("{},", i + 1))?;
             out.flush()?;
         }
     });

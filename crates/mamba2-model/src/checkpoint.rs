@@ -98,8 +98,7 @@ fn split<'a, C: DeserializeOwned>(path: &Path, bytes: &'a [u8]) -> Result<(C, se
     }
     let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
     let header = bytes.get(16..16 + header_len).ok_or_else(|| bad(path, "truncated checkpoint (header)"))?;
-    let header: serde_json::Value =
-        serde_json::from_slice(header).map_err(|e| bad(path, format!("corrupt checkpoint header: {e}")))?;
+    let header: serde_json::Value = serde_json::from_slice(header).map_err(|e| bad(path, format!("corrupt checkpoint header: {e}")))?;
     if header["format"].as_u64() != Some(FORMAT) {
         return Err(bad(path, format!("unsupported checkpoint format {}", header["format"])));
     }
@@ -133,7 +132,10 @@ pub fn load_checkpoint<B: Backend, M: Module<B>, C: DeserializeOwned>(
     let got: Vec<(String, Vec<usize>)> = named_params(&module).into_iter().map(|p| (p.path, p.dims)).collect();
     if got != expected {
         let first = got.iter().zip(&expected).find(|(g, e)| g != e).map(|(g, e)| format!("{} has {:?}, config needs {:?}", g.0, g.1, e.1));
-        return Err(bad(path, format!("weights do not match the saved config: {}", first.unwrap_or_else(|| "parameter count differs".into()))));
+        return Err(bad(
+            path,
+            format!("weights do not match the saved config: {}", first.unwrap_or_else(|| "parameter count differs".into())),
+        ));
     }
     Ok(Loaded { module, config, meta })
 }

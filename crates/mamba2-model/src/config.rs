@@ -244,10 +244,7 @@ impl Mamba2Config {
             .with_residual_in_fp32(bool_or("residual_in_fp32", true))
             .with_rescale_prenorm_residual(bool_or("rescale_prenorm_residual", false));
         config.validate()?;
-        let extras = HfExtras {
-            vocab_size: usize_field("vocab_size")?,
-            tie_word_embeddings: bool_or("tie_word_embeddings", true),
-        };
+        let extras = HfExtras { vocab_size: usize_field("vocab_size")?, tie_word_embeddings: bool_or("tie_word_embeddings", true) };
         Ok((config, extras))
     }
 }
@@ -297,8 +294,10 @@ mod tests {
 
     #[test]
     fn bare_infinity_is_read_outside_strings_only() {
-        assert_eq!(bare_infinity_to_number(r#"{"a": [0.0, Infinity], "b": "Infinity", "c": -Infinity}"#),
-                   r#"{"a": [0.0, 1e308], "b": "Infinity", "c": -1e308}"#);
+        assert_eq!(
+            bare_infinity_to_number(r#"{"a": [0.0, Infinity], "b": "Infinity", "c": -Infinity}"#),
+            r#"{"a": [0.0, 1e308], "b": "Infinity", "c": -1e308}"#
+        );
     }
 
     #[test]
@@ -311,7 +310,10 @@ mod tests {
         let c = Mamba2Config::new(16, 1).with_headdim(8).with_ngroups(3);
         assert_eq!(c.validate().unwrap_err().to_string(), "config: ngroups must divide nheads = d_inner / headdim (3 does not divide 4)");
         assert_eq!(Mamba2Config::new(0, 1).validate().unwrap_err(), ConfigError::Zero { name: "d_model" });
-        assert!(matches!(Mamba2Config::new(16, 1).with_headdim(8).with_dt_min(0.5).validate(), Err(ConfigError::Invalid { name: "dt_min", .. })));
+        assert!(matches!(
+            Mamba2Config::new(16, 1).with_headdim(8).with_dt_min(0.5).validate(),
+            Err(ConfigError::Invalid { name: "dt_min", .. })
+        ));
         assert!(Mamba2Config::new(16, 1).with_headdim(8).validate().is_ok());
     }
 

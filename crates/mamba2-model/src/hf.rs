@@ -49,13 +49,25 @@ impl<'a> TensorSource<'a> {
         Ok(values)
     }
 
-    fn tensor<B: Backend, const D: usize>(&mut self, name: &str, shape: [usize; D], device: &B::Device) -> Result<Tensor<B, D>, ModelError> {
+    fn tensor<B: Backend, const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+        device: &B::Device,
+    ) -> Result<Tensor<B, D>, ModelError> {
         let values = self.values(name, &shape)?;
         Ok(Tensor::from_data(TensorData::new(values, shape).convert::<B::FloatElem>(), device))
     }
 
     /// A PyTorch `[out, in]` Linear weight, transposed to Burn's `[in, out]`.
-    fn linear<B: Backend>(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool, device: &B::Device) -> Result<Linear<B>, ModelError> {
+    fn linear<B: Backend>(
+        &mut self,
+        prefix: &str,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+        device: &B::Device,
+    ) -> Result<Linear<B>, ModelError> {
         let weight = self.tensor::<B, 2>(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose();
         let bias = if bias { Some(Param::from_tensor(self.tensor::<B, 1>(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
         Ok(Linear { weight: Param::from_tensor(weight), bias })
@@ -76,13 +88,24 @@ fn f16_to_f64(h: u16) -> f64 {
     let frac = (h & 0x3ff) as f64;
     sign * match exp {
         0 => frac * 2f64.powi(-24),
-        31 => if frac == 0.0 { f64::INFINITY } else { f64::NAN },
+        31 => {
+            if frac == 0.0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        }
         e => (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
     }
 }
 
 /// Builds the stack from tensors named `{prefix}layers.{i}...` and `{prefix}norm_f.weight`.
-fn stack_from<B: Backend>(src: &mut TensorSource, prefix: &str, config: &Mamba2Config, device: &B::Device) -> Result<Mamba2Stack<B>, ModelError> {
+fn stack_from<B: Backend>(
+    src: &mut TensorSource,
+    prefix: &str,
+    config: &Mamba2Config,
+    device: &B::Device,
+) -> Result<Mamba2Stack<B>, ModelError> {
     let (d, di, h, cd, k) = (config.d_model, config.d_inner(), config.nheads(), config.conv_dim(), config.d_conv);
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
@@ -119,7 +142,12 @@ fn stack_from<B: Backend>(src: &mut TensorSource, prefix: &str, config: &Mamba2C
 /// Accepts HF's `backbone.embeddings.weight` and mamba_ssm's `backbone.embedding.weight`; a
 /// tied `lm_head.weight`, when present, must equal the embedding. A missing, extra or
 /// wrong-shaped tensor is an error naming it.
-pub fn lm_from_hf_bytes<B: Backend>(config_json: &str, weights: &[u8], path: &str, device: &B::Device) -> Result<(Mamba2LM<B>, HfExtras), ModelError> {
+pub fn lm_from_hf_bytes<B: Backend>(
+    config_json: &str,
+    weights: &[u8],
+    path: &str,
+    device: &B::Device,
+) -> Result<(Mamba2LM<B>, HfExtras), ModelError> {
     let (config, extras) = Mamba2Config::from_hf_json(config_json)?;
     if !extras.tie_word_embeddings {
         return Err(ModelError::HfConfig { why: "untied LM heads (tie_word_embeddings = false) are not supported".into() });

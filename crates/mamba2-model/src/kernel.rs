@@ -511,14 +511,12 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     });
 
     // The scan, one (batch, head) pair per task.
-    let per_head: Vec<(Vec<T>, Vec<T>)> =
-        (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
+    let per_head: Vec<(Vec<T>, Vec<T>)> = (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
 
     // Each row's heads gathered into `y`, then the gated norm written straight into `out`.
     let sl = dims.state_len();
-    let ([out, y, rstd], _) = build_rows(rows, ROWS_PER_TASK, [di, di, g], |first, [out, y, rstd]| {
-        norm_rows(dims, inp, prm, &per_head, first, out, y, rstd)
-    });
+    let ([out, y, rstd], _) =
+        build_rows(rows, ROWS_PER_TASK, [di, di, g], |first, [out, y, rstd]| norm_rows(dims, inp, prm, &per_head, first, out, y, rstd));
     let mut fin = zeros(dims.batch * sl);
     for (bh, (_, last)) in per_head.iter().enumerate() {
         fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
@@ -831,22 +829,14 @@ multiversion! {
 
 /// The backward pass: gradients of every input, given those of the norm's output (`gout`,
 /// `[batch, L, d_inner]`) and of the final state (`gfin`, `[batch, nheads, headdim, d_state]`).
-pub(crate) fn backward<T: HostFloat>(
-    dims: &Dims,
-    inp: &Inputs<T>,
-    prm: &Params<T>,
-    saved: &Saved<T>,
-    gout: &[T],
-    gfin: &[T],
-) -> Grads<T> {
+pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T], gfin: &[T]) -> Grads<T> {
     let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
     // Norm: gradient of y (into gy) and of z (into gzx, whose other columns the later passes
     // fill), and partial sums for the norm weight.
-    let ([gy, mut gzx], norm_partials) = build_rows(rows, ROWS_PER_TASK, [di, w], |first, [gy, gzx]| {
-        norm_backward_rows(dims, inp, prm, saved, gout, first, gy, gzx)
-    });
+    let ([gy, mut gzx], norm_partials) =
+        build_rows(rows, ROWS_PER_TASK, [di, w], |first, [gy, gzx]| norm_backward_rows(dims, inp, prm, saved, gout, first, gy, gzx));
     let norm_w = sum_partials(norm_partials, di);
 
     // The scan in reverse, one block of consecutive heads of one batch entry per task: one block
@@ -1075,9 +1065,8 @@ pub(crate) fn filled<T: HostFloat>(src: &[T]) -> Vec<T> {
 pub(crate) fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
     let d = w.len().max(1);
     let rows = x.len() / d;
-    let ([out, rstd], _) = build_rows(rows, ROWS_PER_TASK, [d, 1], |first, [o, r]| {
-        rms_rows(&x[first * d..first * d + o.len()], w, c(eps), o, r)
-    });
+    let ([out, rstd], _) =
+        build_rows(rows, ROWS_PER_TASK, [d, 1], |first, [o, r]| rms_rows(&x[first * d..first * d + o.len()], w, c(eps), o, r));
     (out, rstd)
 }
 

@@ -85,13 +85,7 @@ pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
 }
 
 /// A Linear layer with weight `U(-bound, bound)` (`[d_in, d_out]`, Burn's layout) and zero bias.
-pub(crate) fn uniform_linear<B: Backend>(
-    d_in: usize,
-    d_out: usize,
-    bound: f64,
-    bias: bool,
-    device: &B::Device,
-) -> Linear<B> {
+pub(crate) fn uniform_linear<B: Backend>(d_in: usize, d_out: usize, bound: f64, bias: bool, device: &B::Device) -> Linear<B> {
     Linear {
         weight: Param::from_tensor(Tensor::random([d_in, d_out], Distribution::Uniform(-bound, bound), device)),
         bias: bias.then(|| Param::from_tensor(Tensor::zeros([d_out], device))),
@@ -104,8 +98,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         config.validate()?;
         let (d, di, h, k, cd) = (config.d_model, config.d_inner(), config.nheads(), config.d_conv, config.conv_dim());
         let conv_bound = 1.0 / (k as f64).sqrt();
-        let out_bound = 1.0 / (di as f64).sqrt()
-            / if config.rescale_prenorm_residual { (config.n_layer as f64).sqrt() } else { 1.0 };
+        let out_bound = 1.0 / (di as f64).sqrt() / if config.rescale_prenorm_residual { (config.n_layer as f64).sqrt() } else { 1.0 };
         let (lo, hi) = (config.dt_min.ln(), config.dt_max.ln());
         let dt0 = Tensor::<B, 1>::random([h], Distribution::Uniform(lo, hi), device).exp().clamp_min(config.dt_init_floor);
         let (a0, a1) = config.a_init_range;
@@ -209,11 +202,7 @@ impl<B: Backend> Mamba2Mixer<B> {
     /// # Shapes
     /// - `u`: `[batch, L, d_model]`
     /// - output: `[batch, L, d_model]` and the state after the last step
-    pub fn forward(
-        &self,
-        u: Tensor<B, 3>,
-        state: Option<MixerState<B>>,
-    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
+    pub fn forward(&self, u: Tensor<B, 3>, state: Option<MixerState<B>>) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         self.forward_block(u, state, None, None)
     }
 
@@ -302,11 +291,8 @@ impl<B: Backend> Mamba2Mixer<B> {
         // the old tail when this call was shorter than that.
         let xbc = zxbcdt.clone().narrow(2, di, cd);
         let tail = conv_tail.unwrap_or_else(|| Tensor::zeros([batch, k - 1, cd], &xbc.device()));
-        let new_tail = if len >= k - 1 {
-            xbc.narrow(1, len - (k - 1), k - 1)
-        } else {
-            Tensor::cat(vec![tail.clone(), xbc], 1).narrow(1, len, k - 1)
-        };
+        let new_tail =
+            if len >= k - 1 { xbc.narrow(1, len - (k - 1), k - 1) } else { Tensor::cat(vec![tail.clone(), xbc], 1).narrow(1, len, k - 1) };
         let (y, final_state) = self.core_generic(zxbcdt, tail, ssm_state)?;
         Ok((self.out_proj.forward(y), MixerState { conv: new_tail, ssm: final_state }))
     }

@@ -36,7 +36,6 @@ impl<B: Backend> RmsNorm<B> {
         ngroups: usize,
         eps: f64,
     ) -> Tensor<B, D> {
-        rms_norm_gated(x, Some((z, order)), self.weight.val(), ngroups, eps)
-            .expect("norm width and groups are checked at construction")
+        rms_norm_gated(x, Some((z, order)), self.weight.val(), ngroups, eps).expect("norm width and groups are checked at construction")
     }
 }

@@ -115,8 +115,36 @@ mod x86 {
             }
         };
     }
-    lanes!(f32, __m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, sums_ps, sigmoid_ps);
-    lanes!(f64, __m512d, 8, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_add_pd, _mm512_fmadd_pd, _mm512_reduce_add_pd, sums_pd, sigmoid_pd);
+    lanes!(
+        f32,
+        __m512,
+        16,
+        _mm512_setzero_ps,
+        _mm512_set1_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_mul_ps,
+        _mm512_add_ps,
+        _mm512_fmadd_ps,
+        _mm512_reduce_add_ps,
+        sums_ps,
+        sigmoid_ps
+    );
+    lanes!(
+        f64,
+        __m512d,
+        8,
+        _mm512_setzero_pd,
+        _mm512_set1_pd,
+        _mm512_loadu_pd,
+        _mm512_storeu_pd,
+        _mm512_mul_pd,
+        _mm512_add_pd,
+        _mm512_fmadd_pd,
+        _mm512_reduce_add_pd,
+        sums_pd,
+        sigmoid_pd
+    );
 
     /// The sums of 16 vectors of f32 at once: each level adds the two halves of pairs of
     /// vectors (512-bit halves, then 128-bit quarters, then pairs, then single lanes), so that
@@ -204,12 +232,48 @@ mod x86 {
         _mm512_div_pd(_mm512_set1_pd(1.0), d)
     }
 
-    sigmoid!(sigmoid_ps, f32, __m512, _mm512_set1_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps, _mm512_fmadd_ps,
-        _mm512_fnmadd_ps, _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_add_ps, recip_ps, _mm512_sub_ps,
-        -104.0, 87.0, 0.693_145_75, 1.428_606_8e-6, 7);
-    sigmoid!(sigmoid_pd, f64, __m512d, _mm512_set1_pd, _mm512_max_pd, _mm512_min_pd, _mm512_mul_pd, _mm512_fmadd_pd,
-        _mm512_fnmadd_pd, _mm512_roundscale_pd, _mm512_scalef_pd, _mm512_add_pd, recip_pd, _mm512_sub_pd,
-        -746.0, 710.0, 0.693_147_180_369_123_8, 1.908_214_929_270_587_7e-10, 13);
+    sigmoid!(
+        sigmoid_ps,
+        f32,
+        __m512,
+        _mm512_set1_ps,
+        _mm512_max_ps,
+        _mm512_min_ps,
+        _mm512_mul_ps,
+        _mm512_fmadd_ps,
+        _mm512_fnmadd_ps,
+        _mm512_roundscale_ps,
+        _mm512_scalef_ps,
+        _mm512_add_ps,
+        recip_ps,
+        _mm512_sub_ps,
+        -104.0,
+        87.0,
+        0.693_145_75,
+        1.428_606_8e-6,
+        7
+    );
+    sigmoid!(
+        sigmoid_pd,
+        f64,
+        __m512d,
+        _mm512_set1_pd,
+        _mm512_max_pd,
+        _mm512_min_pd,
+        _mm512_mul_pd,
+        _mm512_fmadd_pd,
+        _mm512_fnmadd_pd,
+        _mm512_roundscale_pd,
+        _mm512_scalef_pd,
+        _mm512_add_pd,
+        recip_pd,
+        _mm512_sub_pd,
+        -746.0,
+        710.0,
+        0.693_147_180_369_123_8,
+        1.908_214_929_270_587_7e-10,
+        13
+    );
 
     /// `out[i] = sigmoid(x[i])`; the tail after the last whole vector is left to the caller.
     /// Returns how many values were done.
@@ -634,5 +698,3 @@ mod tests {
         sums_match::<f64>();
     }
 }
-
-

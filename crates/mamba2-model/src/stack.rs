@@ -1,8 +1,8 @@
 use burn::prelude::*;
 
 use crate::block::Mamba2Block;
-use crate::norm::RmsNorm;
 use crate::mixer::{join_pieces, pieces};
+use crate::norm::RmsNorm;
 use crate::{Mamba2Config, Mamba2State, ModelError};
 
 /// The residual stack: `n_layer` blocks and a final RMS norm, from `[batch, L, d_model]` to
@@ -37,9 +37,7 @@ impl<B: Backend> Mamba2Stack<B> {
 
     fn check_state(&self, state: &Mamba2State<B>, batch: usize) -> Result<(), ModelError> {
         if state.layers.len() != self.layers.len() {
-            return Err(ModelError::State {
-                why: format!("state has {} layers, the model {}", state.layers.len(), self.layers.len()),
-            });
+            return Err(ModelError::State { why: format!("state has {} layers, the model {}", state.layers.len(), self.layers.len()) });
         }
         if state.batch() != batch {
             return Err(ModelError::State { why: format!("state is for batch {}, the input has {batch} rows", state.batch()) });

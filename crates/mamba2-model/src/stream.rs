@@ -194,9 +194,7 @@ impl<T: HostFloat> StreamingStack<T> {
     /// [`ModelError::State`] when the state's layers or shapes do not fit this stack.
     pub fn state_from<B: Backend>(&self, state: &Mamba2State<B>) -> Result<StreamingState<T>, ModelError> {
         if state.layers.len() != self.layers.len() {
-            return Err(ModelError::State {
-                why: format!("state has {} layers, the model {}", state.layers.len(), self.layers.len()),
-            });
+            return Err(ModelError::State { why: format!("state has {} layers, the model {}", state.layers.len(), self.layers.len()) });
         }
         let mut out = self.zero_state(state.batch());
         for (i, MixerState { conv, ssm }) in state.layers.iter().enumerate() {
@@ -236,7 +234,12 @@ impl<T: HostFloat> StreamingStack<T> {
         let want = state.batch * d;
         if u.len() != want || out.len() != want {
             return Err(ModelError::State {
-                why: format!("step needs {want} input and output values (batch {} x d_model {d}), got {} and {}", state.batch, u.len(), out.len()),
+                why: format!(
+                    "step needs {want} input and output values (batch {} x d_model {d}), got {} and {}",
+                    state.batch,
+                    u.len(),
+                    out.len()
+                ),
             });
         }
         for row in 0..state.batch {
@@ -303,7 +306,6 @@ impl<T: HostFloat> StreamingStack<T> {
 fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64, out: &mut [T]) {
     rms_row(x, w, T::from(eps).expect("finite eps"), out);
 }
-
 
 multiversion! {
     /// `out = x W`, four rows of `W` at a time so that each pass over `out` does four rows' work.

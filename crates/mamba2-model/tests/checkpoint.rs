@@ -31,7 +31,11 @@ fn round_trip_is_bit_exact_with_config_and_meta() {
     assert_eq!(to_f64_vec(a), to_f64_vec(b), "outputs after a round trip are bit-identical");
     let (c, m): (TimeSeriesConfig, serde_json::Value) = read_checkpoint_header(&path).unwrap();
     assert_eq!((c, m), (config, meta));
-    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains(".tmp-")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
     assert!(leftovers.is_empty(), "no temporary file is left behind");
 }
 
@@ -47,7 +51,16 @@ fn damaged_files_are_typed_errors() {
 
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("truncated", bytes[..bytes.len() - 100].to_vec(), "truncated checkpoint"),
-        ("flipped", { let mut b = bytes.clone(); let n = b.len() - 10; b[n] ^= 0xff; b }, "checksum mismatch"),
+        (
+            "flipped",
+            {
+                let mut b = bytes.clone();
+                let n = b.len() - 10;
+                b[n] ^= 0xff;
+                b
+            },
+            "checksum mismatch",
+        ),
         ("not ours", b"hello world, this is not a checkpoint".to_vec(), "bad magic"),
         ("empty", Vec::new(), "bad magic"),
     ];

@@ -4,11 +4,11 @@
 //! for the mixer alone, inside its block (pre-norm and residual), and as a one-layer stack (the
 //! block and the final norm), which the kernel fuses.
 
+use crate::common::{normal, FlexF32Grad, NdF64Grad};
+use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
-use crate::common::{normal, FlexF32Grad, NdF64Grad};
-use burn::module::Param;
 use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 

@@ -1,10 +1,10 @@
 //! Every parameter receives a finite, non-zero gradient, and gradients match central finite
 //! differences in f64.
 
+use crate::common::*;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use crate::common::*;
 use mamba2_model::{named_grads, named_params, Mamba2LM, Mamba2TimeSeries};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 

@@ -2,9 +2,9 @@
 //! checkpoints written by `tools/reference/hf_fixtures.py`: hidden states and logits within
 //! 1e-4 absolute, every parameter gradient within 1e-3 relative.
 
+use crate::common::*;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use crate::common::*;
 use mamba2_model::{hf_name, load_hf_lm, named_grads, ModelError};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
@@ -32,10 +32,7 @@ fn check_case<B: AutodiffBackend>(case: &str, device: &B::Device) {
     let (model, extras) = load_hf_lm::<B>(&dir, device).expect("fixture checkpoint loads");
     let io = std::fs::read(dir.join("io.safetensors")).unwrap();
     let (ids, ids_shape) = read_tensor(&io, "input_ids");
-    let ids = Tensor::<B, 2, Int>::from_data(
-        TensorData::new(ids.iter().map(|&v| v as i64).collect::<Vec<_>>(), ids_shape.clone()),
-        device,
-    );
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.iter().map(|&v| v as i64).collect::<Vec<_>>(), ids_shape.clone()), device);
     let out = model.forward(ids, None).unwrap();
 
     let (hidden_ref, _) = read_tensor(&io, "last_hidden_state");
@@ -61,9 +58,8 @@ fn check_case<B: AutodiffBackend>(case: &str, device: &B::Device) {
         assert!(diff <= 1e-3, "{case}: gradient of {name} differs by {diff:e}");
         checked += 1;
     }
-    let expected = std::fs::read(dir.join("io.safetensors")).map(|b| {
-        safetensors::SafeTensors::deserialize(&b).unwrap().names().iter().filter(|n| n.starts_with("grad.")).count()
-    });
+    let expected = std::fs::read(dir.join("io.safetensors"))
+        .map(|b| safetensors::SafeTensors::deserialize(&b).unwrap().names().iter().filter(|n| n.starts_with("grad.")).count());
     assert_eq!(checked, expected.unwrap(), "{case}: every HF parameter gradient is compared");
 }
 
@@ -101,11 +97,8 @@ fn bad_checkpoints_name_the_tensor() {
     let device = Default::default();
     // Rewrites the file with `edit` applied to the list of (name, dtype, shape, data).
     let rewrite = |edit: &dyn Fn(&mut Vec<Entry>)| -> Vec<u8> {
-        let mut items: Vec<_> = st
-            .tensors()
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-            .collect();
+        let mut items: Vec<_> =
+            st.tensors().into_iter().map(|(n, v)| (n.to_string(), v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
         edit(&mut items);
         let views: Vec<(String, TensorView)> =
             items.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();

@@ -1,10 +1,10 @@
 //! The CPU kernel in f32 over one long sequence, against the same kernel in f64 (which
 //! `fast_path.rs` holds equal to the generic path).
 
+use crate::common::{normal_values, FlexF32Grad, NdF64Grad};
 use burn::prelude::*;
 use burn::record::{DoublePrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use crate::common::{normal_values, FlexF32Grad, NdF64Grad};
 use mamba2_model::{named_grads, Mamba2Config, Mamba2Mixer};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 

@@ -3,8 +3,8 @@
 //! workspace's tests take most of CI's time to build. Run one file's tests by its module
 //! name: `cargo test -p mamba2-model --test integration checkpoint::`.
 
-mod common;
 mod checkpoint;
+mod common;
 mod fast_path;
 mod gradients;
 mod hf_parity;

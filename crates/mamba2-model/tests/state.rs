@@ -1,8 +1,8 @@
 //! The recurrent state: one forward = the same forward split into pieces = step by step, and a
 //! row's output does not depend on the rest of its batch.
 
-use burn::prelude::*;
 use crate::common::*;
+use burn::prelude::*;
 use mamba2_model::{Mamba2State, Mamba2TimeSeries, ModelError};
 use mamba2_tensor::compare::tensor_rel_diff;
 

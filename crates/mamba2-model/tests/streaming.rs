@@ -1,7 +1,7 @@
 //! `StreamingStack` (the host inference path) against the tensor model's `step` and `forward`.
 
-use burn::prelude::*;
 use crate::common::{normal, tiny_config, FlexF32, NdF64};
+use burn::prelude::*;
 use mamba2_model::{HostFloat, Mamba2Config, Mamba2Stack, ModelError, StreamingStack};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
@@ -9,7 +9,10 @@ fn configs() -> Vec<(&'static str, Mamba2Config)> {
     vec![
         ("G1", tiny_config(1)),
         ("G2 bias", tiny_config(2)),
-        ("D per channel, norm first, dt limit", tiny_config(1).with_d_has_hdim(true).with_norm_before_gate(true).with_dt_limit_hi(Some(0.05))),
+        (
+            "D per channel, norm first, dt limit",
+            tiny_config(1).with_d_has_hdim(true).with_norm_before_gate(true).with_dt_limit_hi(Some(0.05)),
+        ),
         ("no conv bias, 3 layers", Mamba2Config::new(8, 3).with_d_state(16).with_headdim(4).with_conv_bias(false)),
         // in_proj's 296 outputs are several column panels, split between the two threads.
         ("wider", Mamba2Config::new(64, 1).with_d_state(16).with_headdim(16)),

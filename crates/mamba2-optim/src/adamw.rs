@@ -49,9 +49,7 @@ impl Default for AdamWConfig {
 /// Whether `pattern` names `path`: equal to one of its dotted components (`norm` matches
 /// `layers.0.norm.weight`) or to a dotted suffix (`mixer.d` matches `layers.0.mixer.d`).
 pub fn matches_pattern(path: &str, pattern: &str) -> bool {
-    path == pattern
-        || path.split('.').any(|c| c == pattern)
-        || path.ends_with(&format!(".{pattern}"))
+    path == pattern || path.split('.').any(|c| c == pattern) || path.ends_with(&format!(".{pattern}"))
 }
 
 /// What one optimizer step did.
@@ -144,10 +142,9 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Update<'_, B> {
                     exp_avg: m.exp_avg.clone() + (grad.clone() - m.exp_avg).mul_scalar(1.0 - c.beta1),
                     exp_avg_sq: m.exp_avg_sq.mul_scalar(c.beta2) + grad.clone().powi_scalar(2).mul_scalar(1.0 - c.beta2),
                 },
-                None => Moments {
-                    exp_avg: grad.clone().mul_scalar(1.0 - c.beta1),
-                    exp_avg_sq: grad.powi_scalar(2).mul_scalar(1.0 - c.beta2),
-                },
+                None => {
+                    Moments { exp_avg: grad.clone().mul_scalar(1.0 - c.beta1), exp_avg_sq: grad.powi_scalar(2).mul_scalar(1.0 - c.beta2) }
+                }
             };
             let bias1 = 1.0 - c.beta1.powi(step);
             let bias2_sqrt = (1.0 - c.beta2.powi(step)).sqrt();
@@ -186,11 +183,7 @@ impl<B: AutodiffBackend> AdamW<B> {
             }
         }
         let params = named_params(module);
-        let no_decay = params
-            .iter()
-            .filter(|p| config.no_decay.iter().any(|pat| matches_pattern(&p.path, pat)))
-            .map(|p| p.id)
-            .collect();
+        let no_decay = params.iter().filter(|p| config.no_decay.iter().any(|pat| matches_pattern(&p.path, pat))).map(|p| p.id).collect();
         Ok(Self { config, params, no_decay, moments: HashMap::new(), step: 0 })
     }
 
@@ -253,10 +246,8 @@ impl<B: AutodiffBackend> AdamW<B> {
                 }
             }
         }
-        let views: Vec<(String, TensorView)> = blobs
-            .iter()
-            .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F64, s.clone(), b).expect("consistent view")))
-            .collect();
+        let views: Vec<(String, TensorView)> =
+            blobs.iter().map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F64, s.clone(), b).expect("consistent view"))).collect();
         let meta = HashMap::from([
             ("step".to_string(), self.step.to_string()),
             ("config".to_string(), serde_json::to_string(&self.config).expect("serialisable")),

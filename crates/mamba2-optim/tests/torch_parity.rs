@@ -49,7 +49,10 @@ fn adamw_with_groups_and_clipping_matches_torch_in_f64() {
     let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("adamw.json")).unwrap()).unwrap();
 
     let mut model = Toy::<B> {
-        layer: Layer { weight: Param::from_tensor(tensor(&st, "init.layer.weight")), bias: Param::from_tensor(tensor(&st, "init.layer.bias")) },
+        layer: Layer {
+            weight: Param::from_tensor(tensor(&st, "init.layer.weight")),
+            bias: Param::from_tensor(tensor(&st, "init.layer.bias")),
+        },
         mixer: Mixer { a_log: Param::from_tensor(tensor(&st, "init.mixer.a_log")), d: Param::from_tensor(tensor(&st, "init.mixer.d")) },
     };
     let config = AdamWConfig {
@@ -97,7 +100,10 @@ fn zero_gradients_shrink_decayed_parameters_and_leave_the_rest_exactly() {
     let device = Default::default();
     let model = Toy::<B> {
         layer: Layer { weight: Param::from_tensor(Tensor::ones([3, 4], &device)), bias: Param::from_tensor(Tensor::ones([4], &device)) },
-        mixer: Mixer { a_log: Param::from_tensor(Tensor::full([2], 0.7, &device)), d: Param::from_tensor(Tensor::full([2], -1.3, &device)) },
+        mixer: Mixer {
+            a_log: Param::from_tensor(Tensor::full([2], 0.7, &device)),
+            d: Param::from_tensor(Tensor::full([2], -1.3, &device)),
+        },
     };
     let config = AdamWConfig { weight_decay: 0.1, ..AdamWConfig::default() };
     let mut optim = AdamW::new(config, &model).unwrap();
@@ -128,9 +134,15 @@ fn a_non_finite_gradient_names_the_parameter() {
     grads.register::<NdArray<f64>, 1>(model.mixer.a_log.id, Tensor::from_data([1.0, f64::NAN], &device));
     let err = optim.step(0.1, model, grads).unwrap_err();
     assert_eq!(err.to_string(), "non-finite gradient in mixer.a_log at optimizer step 0");
-    assert!(AdamW::<B>::new(AdamWConfig { beta2: 1.0, ..AdamWConfig::default() }, &Toy::<B> {
-        layer: Layer { weight: Param::from_tensor(Tensor::ones([1, 1], &device)), bias: Param::from_tensor(Tensor::ones([1], &device)) },
-        mixer: Mixer { a_log: Param::from_tensor(Tensor::ones([1], &device)), d: Param::from_tensor(Tensor::ones([1], &device)) },
-    })
+    assert!(AdamW::<B>::new(
+        AdamWConfig { beta2: 1.0, ..AdamWConfig::default() },
+        &Toy::<B> {
+            layer: Layer {
+                weight: Param::from_tensor(Tensor::ones([1, 1], &device)),
+                bias: Param::from_tensor(Tensor::ones([1], &device))
+            },
+            mixer: Mixer { a_log: Param::from_tensor(Tensor::ones([1], &device)), d: Param::from_tensor(Tensor::ones([1], &device)) },
+        }
+    )
     .is_err());
 }

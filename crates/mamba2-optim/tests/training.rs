@@ -97,9 +97,11 @@ fn every_parameter_gets_a_gradient_and_moves<B: AutodiffBackend>() {
     let params = named_params(&model);
     let missing: Vec<&str> = params
         .iter()
-        .filter(|p| p.dims.len() == 1 && grads.get::<B::InnerBackend, 1>(p.id).is_none()
-            || p.dims.len() == 2 && grads.get::<B::InnerBackend, 2>(p.id).is_none()
-            || p.dims.len() == 3 && grads.get::<B::InnerBackend, 3>(p.id).is_none())
+        .filter(|p| {
+            p.dims.len() == 1 && grads.get::<B::InnerBackend, 1>(p.id).is_none()
+                || p.dims.len() == 2 && grads.get::<B::InnerBackend, 2>(p.id).is_none()
+                || p.dims.len() == 3 && grads.get::<B::InnerBackend, 3>(p.id).is_none()
+        })
         .map(|p| p.path.as_str())
         .collect();
     assert!(missing.is_empty(), "parameters without a gradient: {missing:?}");
@@ -186,7 +188,9 @@ fn resume_is_bit_exact<B: AutodiffBackend>(tag: &str) {
     first_optim.save(&dir.join("optim.safetensors")).unwrap();
     drop((half, first_optim));
 
-    let loaded = mamba2_model::load_checkpoint::<B, Mamba2TimeSeries<B>, TimeSeriesConfig>(&dir.join("model.ckpt"), &device, |c, d| c.init(d)).unwrap();
+    let loaded =
+        mamba2_model::load_checkpoint::<B, Mamba2TimeSeries<B>, TimeSeriesConfig>(&dir.join("model.ckpt"), &device, |c, d| c.init(d))
+            .unwrap();
     let mut resumed_optim = AdamW::new(ocfg, &loaded.module).unwrap();
     resumed_optim.load(&dir.join("optim.safetensors"), &device).unwrap();
     assert_eq!(resumed_optim.steps(), 5);

@@ -58,9 +58,7 @@ fn bench_backend<B: AutodiffBackend>(c: &mut Criterion, name: &str) {
     let mut group = c.benchmark_group(format!("ssd_forward/{name}"));
     group.sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
     for q in [64, 256] {
-        group.bench_function(BenchmarkId::new("chunked", q), |bch| {
-            bch.iter(|| sync(ssd_chunked(inner.clone(), q).unwrap().y))
-        });
+        group.bench_function(BenchmarkId::new("chunked", q), |bch| bch.iter(|| sync(ssd_chunked(inner.clone(), q).unwrap().y)));
     }
     group.bench_function("sequential", |bch| bch.iter(|| sync(ssd_sequential(inner.clone()).unwrap().y)));
     group.finish();

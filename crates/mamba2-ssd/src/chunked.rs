@@ -46,10 +46,7 @@ pub fn ssd_chunked<B: Backend>(input: SsdInput<B>, chunk_size: usize) -> Result<
     // computed once per group and broadcast over the group's heads.
     let cb = cm.clone().matmul(bm.clone().swap_dims(3, 4)).unsqueeze_dim::<6>(3);
     let scores = cb * decay.clone().reshape([batch, nc, g, hg, q, q]);
-    let y_diag = scores
-        .reshape([batch * nc * h, q, q])
-        .matmul(xdt.clone().reshape([batch * nc * h, q, p]))
-        .reshape([batch, nc, h, q, p]);
+    let y_diag = scores.reshape([batch * nc * h, q, q]).matmul(xdt.clone().reshape([batch * nc * h, q, p])).reshape([batch, nc, h, q, p]);
 
     // 2. The state each chunk writes: S^c = sum_j decay[Q-1, j] X_j (outer) B_j. The last row
     // of the segment sums is the stable decay to the chunk's end.

@@ -103,7 +103,14 @@ impl<B: Backend> SsdInput<B> {
     pub fn dims(&self) -> Result<SsdDims, SsdError> {
         let [batch, len, nheads, headdim] = self.x.dims();
         let [_, _, ngroups, d_state] = self.b.dims();
-        for (what, v) in [("batch", batch), ("sequence length", len), ("nheads", nheads), ("headdim", headdim), ("ngroups", ngroups), ("d_state", d_state)] {
+        for (what, v) in [
+            ("batch", batch),
+            ("sequence length", len),
+            ("nheads", nheads),
+            ("headdim", headdim),
+            ("ngroups", ngroups),
+            ("d_state", d_state),
+        ] {
             expect_positive(what, v)?;
         }
         expect_divides("ngroups into nheads", ngroups, nheads)?;

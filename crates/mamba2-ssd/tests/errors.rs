@@ -1,7 +1,7 @@
 //! Shapes that do not fit give a typed error naming the tensor, never a panic.
 
-use burn::prelude::*;
 use crate::common::*;
+use burn::prelude::*;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, ssd_step, Skip, SsdError, SsdInput};
 use mamba2_tensor::ShapeError;
 

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use burn::tensor::backend::AutodiffBackend;
 use crate::common::*;
+use burn::tensor::backend::AutodiffBackend;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, Skip, SsdInput};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 use safetensors::SafeTensors;
@@ -65,10 +65,7 @@ fn check_against_fixture<B: AutodiffBackend>(device: &B::Device, tol: f64) {
         let w_y = get("w_y").tensor::<B, 4>(device);
         let w_state = get("w_state").tensor::<B, 4>(device);
 
-        for (algo, out) in [
-            ("chunked", ssd_chunked(input.clone(), q).unwrap()),
-            ("sequential", ssd_sequential(input.clone()).unwrap()),
-        ] {
+        for (algo, out) in [("chunked", ssd_chunked(input.clone(), q).unwrap()), ("sequential", ssd_sequential(input.clone()).unwrap())] {
             let y_diff = rel_diff(&to_f64_vec(out.y.clone()), &get("y").values);
             let s_diff = rel_diff(&to_f64_vec(out.final_state.clone()), &get("final_state").values);
             println!("{name} {algo}: y {y_diff:e}, final state {s_diff:e}");

@@ -1,8 +1,8 @@
 //! Gradients of a scalar loss with respect to every input: chunked against sequential, and
 //! chunked against central finite differences.
 
-use burn::tensor::backend::AutodiffBackend;
 use crate::common::*;
+use burn::tensor::backend::AutodiffBackend;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, Skip, SsdError, SsdInput, SsdOutput};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
@@ -25,15 +25,8 @@ fn loss_and_grads<B: AutodiffBackend>(
         Skip::PerChannel(t) => Skip::PerChannel(t.require_grad()),
     });
     let init = raw.init.as_ref().map(|s| s.tensor::<B, 4>(device).require_grad());
-    let input = SsdInput {
-        x: x.clone(),
-        dt: dt.clone(),
-        a: a.clone(),
-        b: b.clone(),
-        c: c.clone(),
-        d: d.clone(),
-        initial_state: init.clone(),
-    };
+    let input =
+        SsdInput { x: x.clone(), dt: dt.clone(), a: a.clone(), b: b.clone(), c: c.clone(), d: d.clone(), initial_state: init.clone() };
     let out = scan(input).expect("valid input");
     let loss = weights.loss(out.y, out.final_state, device);
     let value = to_f64_vec(loss.clone())[0];

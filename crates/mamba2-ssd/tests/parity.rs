@@ -1,8 +1,8 @@
 //! chunked = sequential = step by step, on outputs and final states, over lengths around the
 //! chunk size, groups, batch sizes, with and without D and an initial state.
 
-use burn::prelude::*;
 use crate::common::*;
+use burn::prelude::*;
 use mamba2_ssd::{ssd_chunked, ssd_sequential, ssd_step, SsdOutput};
 use mamba2_tensor::compare::tensor_rel_diff;
 

@@ -1,9 +1,9 @@
 //! Long sequences in f32 with strong and with vanishing decay: finite outputs and gradients,
 //! padded positions included.
 
+use crate::common::*;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use crate::common::*;
 use mamba2_ssd::{ssd_chunked, Skip, SsdInput};
 use mamba2_tensor::compare::to_f64_vec;
 

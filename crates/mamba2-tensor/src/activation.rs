@@ -48,7 +48,7 @@ pub fn silu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{assert_close, to_vec, TestBackend, TestAutodiff};
+    use crate::test_util::{assert_close, to_vec, TestAutodiff, TestBackend};
 
     #[test]
     fn softplus_matches_hand_computed_values_and_threshold() {

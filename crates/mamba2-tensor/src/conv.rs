@@ -75,10 +75,7 @@ mod tests {
         let device = Default::default();
         let x = Tensor::<TestBackend, 3>::zeros([2, 5, 3], &device);
         let w = Tensor::<TestBackend, 2>::zeros([4, 4], &device);
-        assert!(matches!(
-            causal_conv1d(x.clone(), w, None, None),
-            Err(ShapeError::Mismatch { what: "conv weight", .. })
-        ));
+        assert!(matches!(causal_conv1d(x.clone(), w, None, None), Err(ShapeError::Mismatch { what: "conv weight", .. })));
         let w = Tensor::<TestBackend, 2>::zeros([3, 4], &device);
         let left = Tensor::<TestBackend, 3>::zeros([2, 2, 3], &device);
         assert_eq!(

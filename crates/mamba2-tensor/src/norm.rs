@@ -95,14 +95,7 @@ mod tests {
         };
 
         let gated: [f64; 4] = std::array::from_fn(|i| xs[i] * silu(zs[i]));
-        let out = rms_norm_gated(
-            x.clone(),
-            Some((z.clone(), GateOrder::GateThenNorm)),
-            w.clone(),
-            2,
-            eps,
-        )
-        .unwrap();
+        let out = rms_norm_gated(x.clone(), Some((z.clone(), GateOrder::GateThenNorm)), w.clone(), 2, eps).unwrap();
         assert_close(&to_vec(out), &norm(gated), 1e-14);
 
         let expected: Vec<f64> = norm(xs).iter().zip(zs).map(|(n, z)| n * silu(z)).collect();

@@ -51,10 +51,7 @@ mod tests {
     #[test]
     fn rejects_zero_multiple_and_bad_dim() {
         let x = Tensor::<TestBackend, 2>::zeros([2, 3], &Default::default());
-        assert_eq!(
-            pad_to_multiple(x.clone(), 1, 0).unwrap_err(),
-            ShapeError::Zero { what: "pad multiple" }
-        );
+        assert_eq!(pad_to_multiple(x.clone(), 1, 0).unwrap_err(), ShapeError::Zero { what: "pad multiple" });
         assert!(matches!(pad_to_multiple(x, 2, 4), Err(ShapeError::BadDim { dim: 2, rank: 2, .. })));
     }
 }

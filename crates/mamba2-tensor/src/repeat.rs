@@ -10,11 +10,7 @@ use crate::error::{expect_positive, ShapeError};
 /// # Shapes
 /// - `x`: `[..., G, ...]` with `G` at `dim`
 /// - output: `[..., G * repeats, ...]`
-pub fn repeat_interleave<B: Backend, const D: usize>(
-    x: Tensor<B, D>,
-    dim: usize,
-    repeats: usize,
-) -> Result<Tensor<B, D>, ShapeError> {
+pub fn repeat_interleave<B: Backend, const D: usize>(x: Tensor<B, D>, dim: usize, repeats: usize) -> Result<Tensor<B, D>, ShapeError> {
     expect_positive("repeats", repeats)?;
     if dim >= D {
         return Err(ShapeError::BadDim { what: "repeat_interleave", dim, rank: D });
@@ -28,9 +24,7 @@ pub fn repeat_interleave<B: Backend, const D: usize>(
     let g = dims[dim];
     let mut out_dims = dims;
     out_dims[dim] = g * repeats;
-    Ok(x.reshape([pre, g, 1, post])
-        .expand([pre, g, repeats, post])
-        .reshape(out_dims))
+    Ok(x.reshape([pre, g, 1, post]).expand([pre, g, repeats, post]).reshape(out_dims))
 }
 
 #[cfg(test)]

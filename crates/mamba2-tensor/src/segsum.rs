@@ -20,13 +20,9 @@ pub fn segsum<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 3> {
     // x_rep[m, i, j] = x[m, i]
     let x_rep = x.unsqueeze_dim::<3>(2).expand([m, t, t]);
     // Keep x[i] only where i > j: then a cumulative sum down i adds x[j+1..=i].
-    let keep_strict_lower = Tensor::<B, 2, Bool>::tril_mask([t, t], -1, &device)
-        .unsqueeze_dim::<3>(0)
-        .expand([m, t, t]);
+    let keep_strict_lower = Tensor::<B, 2, Bool>::tril_mask([t, t], -1, &device).unsqueeze_dim::<3>(0).expand([m, t, t]);
     let summed = x_rep.mask_fill(keep_strict_lower, 0.0).cumsum(1);
-    let upper = Tensor::<B, 2, Bool>::tril_mask([t, t], 0, &device)
-        .unsqueeze_dim::<3>(0)
-        .expand([m, t, t]);
+    let upper = Tensor::<B, 2, Bool>::tril_mask([t, t], 0, &device).unsqueeze_dim::<3>(0).expand([m, t, t]);
     summed.mask_fill(upper, f64::NEG_INFINITY)
 }
 

@@ -35,12 +35,7 @@ struct Size {
 
 fn sizes() -> [Size; 2] {
     [
-        Size {
-            name: "small",
-            config: Mamba2Config::new(64, 2).with_d_state(16).with_headdim(16).with_chunk_size(64),
-            batch: 8,
-            len: 256,
-        },
+        Size { name: "small", config: Mamba2Config::new(64, 2).with_d_state(16).with_headdim(16).with_chunk_size(64), batch: 8, len: 256 },
         Size {
             name: "medium",
             config: Mamba2Config::new(256, 4).with_d_state(64).with_headdim(32).with_chunk_size(64),
@@ -186,10 +181,8 @@ fn interleaved_sweep(out: &str) {
     let config = sizes()[1].config.clone();
     <Flex as Backend>::seed(&device, 0);
     let stack = Mamba2Stack::<Flex>::init(&config, &device).unwrap();
-    let xs: Vec<Tensor<Flex, 3>> = SWEEP
-        .iter()
-        .map(|&len| Tensor::random([1, len, config.d_model], Distribution::Normal(0.0, 1.0), &device))
-        .collect();
+    let xs: Vec<Tensor<Flex, 3>> =
+        SWEEP.iter().map(|&len| Tensor::random([1, len, config.d_model], Distribution::Normal(0.0, 1.0), &device)).collect();
     let mut times = vec![Vec::with_capacity(ROUNDS); SWEEP.len()];
     for round in 0..=ROUNDS {
         // Each round starts at another length, so that none is always the one after the longest.

@@ -52,7 +52,8 @@ impl Table {
     /// line and the column of the first one that is not.
     pub fn from_csv_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
         let text = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), cause: source })?;
-        let text = String::from_utf8(text).map_err(|_| TrainError::Data { origin: path.display().to_string(), why: "not UTF-8 text".into() })?;
+        let text =
+            String::from_utf8(text).map_err(|_| TrainError::Data { origin: path.display().to_string(), why: "not UTF-8 text".into() })?;
         Self::from_csv_str(&text, &path.display().to_string(), choice)
     }
 
@@ -63,21 +64,26 @@ impl Table {
         let (_, header) = lines.next().ok_or_else(|| err("empty file: no header row".into()))?;
         let header = split_csv_line(header);
         let date = match &choice.date_column {
-            Some(d) => Some(header.iter().position(|h| h == d).ok_or_else(|| err(format!("unknown date column `{d}` (columns: {})", header.join(", "))))?),
+            Some(d) => Some(
+                header
+                    .iter()
+                    .position(|h| h == d)
+                    .ok_or_else(|| err(format!("unknown date column `{d}` (columns: {})", header.join(", "))))?,
+            ),
             None => header.iter().position(|h| ["date", "time", "datetime", "timestamp"].contains(&h.to_ascii_lowercase().as_str())),
         };
         let picked: Vec<usize> = match &choice.columns {
             Some(cols) => cols
                 .iter()
-                .map(|c| header.iter().position(|h| h == c).ok_or_else(|| err(format!("unknown column `{c}` (columns: {})", header.join(", ")))))
+                .map(|c| {
+                    header.iter().position(|h| h == c).ok_or_else(|| err(format!("unknown column `{c}` (columns: {})", header.join(", "))))
+                })
                 .collect::<Result<_, _>>()?,
             // Every numeric column: the ones whose first data cell is a number. A text column
             // (an id, a label) is left out; a later bad cell in a numeric column is an error.
             None => {
                 let first = lines.clone().next().map(|(_, l)| split_csv_line(l)).unwrap_or_default();
-                (0..header.len())
-                    .filter(|&i| Some(i) != date && first.get(i).is_none_or(|c| c.parse::<f64>().is_ok()))
-                    .collect()
+                (0..header.len()).filter(|&i| Some(i) != date && first.get(i).is_none_or(|c| c.parse::<f64>().is_ok())).collect()
             }
         };
         if picked.is_empty() {
@@ -155,7 +161,9 @@ impl Split {
             Split::Borders { train, val, test } => (train, val, test),
             Split::Fractions { train, val } => {
                 if !(train > 0.0 && val >= 0.0 && train + val < 1.0) {
-                    return Err(TrainError::Config { why: format!("split fractions train {train}, val {val} must be positive and sum below 1") });
+                    return Err(TrainError::Config {
+                        why: format!("split fractions train {train}, val {val} must be positive and sum below 1"),
+                    });
                 }
                 let tr = (n as f64 * train).round() as usize;
                 let va = tr + (n as f64 * val).round() as usize;
@@ -187,7 +195,11 @@ impl Scaler {
         let std = (0..c)
             .map(|j| {
                 let v = rows.iter().map(|r| (r[j] - mean[j]).powi(2)).sum::<f64>() / n;
-                if v > 0.0 { v.sqrt() } else { 1.0 }
+                if v > 0.0 {
+                    v.sqrt()
+                } else {
+                    1.0
+                }
             })
             .collect();
         Self { mean, std }
@@ -227,7 +239,11 @@ impl<'a> Windows<'a> {
         }
         if b < a + lookback + horizon {
             return Err(TrainError::Config {
-                why: format!("lookback {lookback} + horizon {horizon} = {} rows do not fit in the {} rows of this split", lookback + horizon, b.saturating_sub(a)),
+                why: format!(
+                    "lookback {lookback} + horizon {horizon} = {} rows do not fit in the {} rows of this split",
+                    lookback + horizon,
+                    b.saturating_sub(a)
+                ),
             });
         }
         let starts = (a..=b - lookback - horizon).step_by(stride).collect();

@@ -56,7 +56,11 @@ impl ForecasterConfig {
             .iter()
             .map(|t| {
                 s.features.iter().position(|f| f == t).ok_or_else(|| {
-                    ModelError::Config(ConfigError::Invalid { name: "targets", value: t.clone(), why: "each target must be one of the features" })
+                    ModelError::Config(ConfigError::Invalid {
+                        name: "targets",
+                        value: t.clone(),
+                        why: "each target must be one of the features",
+                    })
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -78,7 +82,10 @@ impl<B: Backend> Forecaster<B> {
     }
 
     fn targets_of(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(self.target_idx.iter().map(|&i| i as i64).collect::<Vec<_>>(), [self.target_idx.len()]), &x.device());
+        let idx = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(self.target_idx.iter().map(|&i| i as i64).collect::<Vec<_>>(), [self.target_idx.len()]),
+            &x.device(),
+        );
         x.select(2, idx)
     }
 

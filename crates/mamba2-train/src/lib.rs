@@ -29,8 +29,8 @@ mod memory;
 pub mod plot;
 mod trainer;
 
-pub use memory::keep_freed_memory;
 pub use forecaster::{ForecastSpec, Forecaster, ForecasterConfig};
+pub use memory::keep_freed_memory;
 pub use trainer::{batch_tensors, evaluate, train, EpochRecord, Prepared, RunDir, TrainConfig, TrainSummary};
 
 /// Everything that can stop a run, with the offending value in the message.

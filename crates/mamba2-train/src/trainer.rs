@@ -10,8 +10,8 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use mamba2_model::{load_checkpoint, save_checkpoint, write_atomically};
-use mamba2_tensor::rng::SplitMix64;
 use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError};
+use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{ErrorSums, Scaler, Windows};
@@ -45,7 +45,18 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self { epochs: 4, batch_size: 32, lr: 1e-3, min_lr: 1e-5, warmup_steps: 100, weight_decay: 0.01, max_grad_norm: Some(1.0), patience: 3, seed: 0, stride: 1 }
+        Self {
+            epochs: 4,
+            batch_size: 32,
+            lr: 1e-3,
+            min_lr: 1e-5,
+            warmup_steps: 100,
+            weight_decay: 0.01,
+            max_grad_norm: Some(1.0),
+            patience: 3,
+            seed: 0,
+            stride: 1,
+        }
     }
 }
 
@@ -160,7 +171,14 @@ pub fn batch_tensors<B: Backend>(w: &Windows, idx: &[usize], targets: &[usize], 
 
 /// MSE and MAE of `model` over `windows` in batches of `batch_size` (dropping the last partial
 /// batch when `drop_last`, as the protocol's test loader does).
-pub fn evaluate<B: Backend>(model: &Forecaster<B>, w: &Windows, targets: &[usize], batch_size: usize, drop_last: bool, device: &B::Device) -> Result<(f64, f64), TrainError> {
+pub fn evaluate<B: Backend>(
+    model: &Forecaster<B>,
+    w: &Windows,
+    targets: &[usize],
+    batch_size: usize,
+    drop_last: bool,
+    device: &B::Device,
+) -> Result<(f64, f64), TrainError> {
     let n = if drop_last { w.len() / batch_size * batch_size } else { w.len() };
     let mut sums = ErrorSums::default();
     let idx: Vec<usize> = (0..n).collect();
@@ -198,15 +216,23 @@ pub fn train<B: AutodiffBackend>(
     let train_w = Windows::new(&data.rows, data.ranges[0], l, h, tc.stride)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;
     let steps_per_epoch = train_w.len().div_ceil(tc.batch_size);
-    let schedule = LrSchedule::WarmupCosine { peak: tc.lr, floor: tc.min_lr, warmup: tc.warmup_steps.min(steps_per_epoch * tc.epochs / 2), total: steps_per_epoch * tc.epochs };
+    let schedule = LrSchedule::WarmupCosine {
+        peak: tc.lr,
+        floor: tc.min_lr,
+        warmup: tc.warmup_steps.min(steps_per_epoch * tc.epochs / 2),
+        total: steps_per_epoch * tc.epochs,
+    };
     let ocfg = AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..AdamWConfig::default() };
 
     let (mut model, mut optim, mut meta) = if resume && dir.last().exists() {
         let loaded = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.last(), device, |c, d| c.init(d))?;
         if &loaded.config != config {
-            return Err(TrainError::Config { why: format!("{} was trained with another model config; use a new output directory", dir.last().display()) });
+            return Err(TrainError::Config {
+                why: format!("{} was trained with another model config; use a new output directory", dir.last().display()),
+            });
         }
-        let meta: RunMeta = serde_json::from_value(loaded.meta).map_err(|e| TrainError::Config { why: format!("unreadable run metadata: {e}") })?;
+        let meta: RunMeta =
+            serde_json::from_value(loaded.meta).map_err(|e| TrainError::Config { why: format!("unreadable run metadata: {e}") })?;
         if meta.train != *tc {
             return Err(TrainError::Config { why: "the training settings differ from the run being resumed".into() });
         }
@@ -220,7 +246,14 @@ pub fn train<B: AutodiffBackend>(
         B::seed(device, tc.seed);
         let model = config.init::<B>(device)?;
         let optim = AdamW::new(ocfg, &model)?;
-        let meta = RunMeta { history: Vec::new(), best_epoch: 0, best_val: f64::INFINITY, scaler: data.scaler.clone(), train: tc.clone(), optim_file: None };
+        let meta = RunMeta {
+            history: Vec::new(),
+            best_epoch: 0,
+            best_val: f64::INFINITY,
+            scaler: data.scaler.clone(),
+            train: tc.clone(),
+            optim_file: None,
+        };
         (model, optim, meta)
     };
 

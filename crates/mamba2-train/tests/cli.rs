@@ -25,13 +25,33 @@ fn synthetic_csv(rows: usize) -> String {
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let noise = ((state >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.2;
         let tf = t as f64;
-        s += &format!("2020-01-01 {t:05},{},{},{}\n", (tf * 0.3).sin() + noise, (tf * 0.11).cos() * 2.0 + noise, 0.5 * (tf * 0.3 - 1.0).sin() + 0.01 * tf);
+        s += &format!(
+            "2020-01-01 {t:05},{},{},{}\n",
+            (tf * 0.3).sin() + noise,
+            (tf * 0.11).cos() * 2.0 + noise,
+            0.5 * (tf * 0.3 - 1.0).sin() + 0.01 * tf
+        );
     }
     s
 }
 
 const TINY: [&str; 16] = [
-    "--lookback", "12", "--horizon", "3", "--d-model", "8", "--layers", "1", "--d-state", "4", "--headdim", "4", "--chunk-size", "8", "--dtype", "f64",
+    "--lookback",
+    "12",
+    "--horizon",
+    "3",
+    "--d-model",
+    "8",
+    "--layers",
+    "1",
+    "--d-state",
+    "4",
+    "--headdim",
+    "4",
+    "--chunk-size",
+    "8",
+    "--dtype",
+    "f64",
 ];
 
 fn run(cmd: &mut Command) -> Output {
@@ -114,26 +134,58 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ("ragged row", vec!["train", "--data", ragged.to_str().unwrap()], "2 cells, the header has 3"),
         ("unknown column", vec!["train", "--data", g, "--columns", "a,zzz"], "unknown column `zzz`"),
         ("unknown target", vec!["train", "--data", g, "--targets", "q"], "unknown column `q`"),
-        ("L + H longer than the data", vec!["train", "--data", short.to_str().unwrap(), "--lookback", "96", "--horizon", "96"], "do not fit"),
-        ("batch size 0", vec!["train", "--data", g, "--batch-size", "0", "--lookback", "12", "--horizon", "3"], "batch size must be at least 1"),
+        (
+            "L + H longer than the data",
+            vec!["train", "--data", short.to_str().unwrap(), "--lookback", "96", "--horizon", "96"],
+            "do not fit",
+        ),
+        (
+            "batch size 0",
+            vec!["train", "--data", g, "--batch-size", "0", "--lookback", "12", "--horizon", "3"],
+            "batch size must be at least 1",
+        ),
         ("zero epochs", vec!["train", "--data", g, "--epochs", "0", "--lookback", "12", "--horizon", "3"], "epochs must be at least 1"),
-        ("headdim not dividing", vec!["train", "--data", g, "--d-model", "10", "--headdim", "3", "--lookback", "12", "--horizon", "3"], "headdim must divide"),
+        (
+            "headdim not dividing",
+            vec!["train", "--data", g, "--d-model", "10", "--headdim", "3", "--lookback", "12", "--horizon", "3"],
+            "headdim must divide",
+        ),
         ("bad split fractions", vec!["train", "--data", g, "--split", "0.9,0.5", "--lookback", "12", "--horizon", "3"], "split fractions"),
-        ("truncated checkpoint", vec!["eval", "--checkpoint", truncated.to_str().unwrap(), "--data", g, "--dtype", "f64"], "truncated checkpoint"),
+        (
+            "truncated checkpoint",
+            vec!["eval", "--checkpoint", truncated.to_str().unwrap(), "--data", g, "--dtype", "f64"],
+            "truncated checkpoint",
+        ),
         ("corrupt checkpoint", vec!["eval", "--checkpoint", corrupt.to_str().unwrap(), "--data", g, "--dtype", "f64"], "checksum mismatch"),
         ("not a checkpoint", vec!["predict", "--checkpoint", garbage.to_str().unwrap(), "--data", g], "not a mamba2 checkpoint"),
         ("missing checkpoint", vec!["predict", "--checkpoint", "/nonexistent.ckpt", "--data", g], "No such file"),
-        ("checkpoint of another config", {
-            let mut v: Vec<&str> = vec!["train", "--data", g, "--resume", "--epochs", "2"];
-            v.extend(["--out"]);
-            v
-        }, "another model config"),
-        ("CSV lacking the model's columns", vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", header_only.to_str().unwrap(), "--dtype", "f64"], "unknown column"),
+        (
+            "checkpoint of another config",
+            {
+                let mut v: Vec<&str> = vec!["train", "--data", g, "--resume", "--epochs", "2"];
+                v.extend(["--out"]);
+                v
+            },
+            "another model config",
+        ),
+        (
+            "CSV lacking the model's columns",
+            vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", header_only.to_str().unwrap(), "--dtype", "f64"],
+            "unknown column",
+        ),
         ("stream with a windowed model", vec!["stream", "--checkpoint", ckpt.to_str().unwrap()], "--no-revin --no-linear-skip"),
-        ("unwritable output directory", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out", &format!("{}/sub", a_file.to_str().unwrap())], "a_file/sub"),
+        (
+            "unwritable output directory",
+            vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out", &format!("{}/sub", a_file.to_str().unwrap())],
+            "a_file/sub",
+        ),
         ("existing run without --resume", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out"], "already holds a run"),
         ("non-numeric flag", vec!["train", "--data", g, "--batch-size", "many"], "invalid value 'many'"),
-        ("cuda in a CPU build", vec!["train", "--data", g, "--device", "cuda", "--lookback", "12", "--horizon", "3", "--out", &out("cuda")], ""),
+        (
+            "cuda in a CPU build",
+            vec!["train", "--data", g, "--device", "cuda", "--lookback", "12", "--horizon", "3", "--out", &out("cuda")],
+            "",
+        ),
     ]
     .into_iter()
     .map(|(n, v, e)| (n, v.into_iter().map(String::from).collect::<Vec<_>>(), e))
@@ -145,7 +197,9 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         if args.last().map(String::as_str) == Some("--out") {
             args.push(dir.join("run").to_str().unwrap().to_string());
             if name == "checkpoint of another config" {
-                args.extend(["--d-model", "16", "--headdim", "4", "--lookback", "12", "--horizon", "3", "--dtype", "f64"].map(String::from));
+                args.extend(
+                    ["--d-model", "16", "--headdim", "4", "--lookback", "12", "--horizon", "3", "--dtype", "f64"].map(String::from),
+                );
             }
         }
         let o = run(bin().args(&args).stdin(Stdio::null()));
@@ -178,9 +232,10 @@ fn a_killed_run_resumes_to_the_same_result() {
     let csv = dir.join("data.csv");
     std::fs::write(&csv, synthetic_csv(1500)).unwrap();
     let args = |out: &Path| -> Vec<String> {
-        let mut v: Vec<String> = ["train", "--data", csv.to_str().unwrap(), "--out", out.to_str().unwrap(), "--epochs", "6", "--batch-size", "8", "--seed", "5"]
-            .map(String::from)
-            .to_vec();
+        let mut v: Vec<String> =
+            ["train", "--data", csv.to_str().unwrap(), "--out", out.to_str().unwrap(), "--epochs", "6", "--batch-size", "8", "--seed", "5"]
+                .map(String::from)
+                .to_vec();
         v.extend(TINY.map(String::from));
         v
     };
@@ -207,11 +262,17 @@ fn a_killed_run_resumes_to_the_same_result() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("resuming after epoch"), "{stdout}");
     assert_eq!(summary(&killed), summary(&straight), "resumed and uninterrupted runs differ");
-    let metrics = |d: &Path| std::fs::read_to_string(d.join("metrics.jsonl")).unwrap().lines().map(|l| {
-        let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-        v.as_object_mut().unwrap().remove("seconds");
-        v
-    }).collect::<Vec<_>>();
+    let metrics = |d: &Path| {
+        std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().remove("seconds");
+                v
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(metrics(&killed), metrics(&straight), "per-epoch metrics differ");
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use burn::prelude::*;
-use mamba2_model::{Mamba2Config, TimeSeriesConfig, LmConfig};
+use mamba2_model::{LmConfig, Mamba2Config, TimeSeriesConfig};
 use mamba2_tensor::rng::SplitMix64;
 use safetensors::SafeTensors;
 
@@ -37,12 +37,7 @@ pub fn read_tensor(bytes: &[u8], key: &str) -> (Vec<f64>, Vec<usize>) {
 /// A tiny config that still has several heads, two groups, a chunk shorter than the tests'
 /// sequences, and every optional parameter switched on.
 pub fn tiny_config(ngroups: usize) -> Mamba2Config {
-    Mamba2Config::new(8, 2)
-        .with_d_state(4)
-        .with_headdim(4)
-        .with_ngroups(ngroups)
-        .with_chunk_size(4)
-        .with_bias(true)
+    Mamba2Config::new(8, 2).with_d_state(4).with_headdim(4).with_ngroups(ngroups).with_chunk_size(4).with_bias(true)
 }
 
 pub fn tiny_ts(ngroups: usize) -> TimeSeriesConfig {

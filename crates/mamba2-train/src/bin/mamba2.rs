@@ -238,10 +238,25 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         .with_chunk_size(a.chunk_size);
     backbone.validate()?;
     let config = ForecasterConfig {
-        spec: ForecastSpec { lookback: a.lookback, horizon: a.horizon, features, targets, revin: !a.no_revin, linear_skip: !a.no_linear_skip },
+        spec: ForecastSpec {
+            lookback: a.lookback,
+            horizon: a.horizon,
+            features,
+            targets,
+            revin: !a.no_revin,
+            linear_skip: !a.no_linear_skip,
+        },
         backbone,
     };
-    let tc = TrainConfig { epochs: a.epochs, batch_size: a.batch_size, lr: a.lr, weight_decay: a.weight_decay, patience: a.patience, seed: a.seed, ..TrainConfig::default() };
+    let tc = TrainConfig {
+        epochs: a.epochs,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        patience: a.patience,
+        seed: a.seed,
+        ..TrainConfig::default()
+    };
     tc.validate()?;
     let data = Prepared { rows, scaler, ranges, targets: target_idx.clone() };
     // Check that every split has windows before any work is done.
@@ -256,13 +271,22 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     with_backend!(a.backend, B, {
         let device = Default::default();
         let summary = train::<B>(&config, &tc, &data, &dir, a.resume, &device, |line| println!("{line}"))?;
-        let loaded = load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| c.init(d))?;
+        let loaded =
+            load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
+                c.init(d)
+            })?;
         let test = Windows::new(&data.rows, ranges[2], a.lookback, a.horizon, 1)?;
         let (mse, mae) = evaluate(&loaded.module, &test, &target_idx, 32, true, &device)?;
         let (rmse, rmae) = repeat_baseline(&test, &target_idx, 32);
         let secs = started.elapsed().as_secs_f64();
         println!();
-        println!("best epoch {} of {}{}; wall time {:.0} s", summary.best_epoch, summary.history.len(), if summary.stopped_early { " (early stop)" } else { "" }, secs);
+        println!(
+            "best epoch {} of {}{}; wall time {:.0} s",
+            summary.best_epoch,
+            summary.history.len(),
+            if summary.stopped_early { " (early stop)" } else { "" },
+            secs
+        );
         println!("test (L {}, H {}, {} windows, batch 32, last partial batch dropped):", a.lookback, a.horizon, test.len() / 32 * 32);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "mamba2", mse, mae);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
@@ -283,16 +307,33 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
 
 /// loss.png: train (blue) and validation (orange) loss per epoch; forecast.png: the last target
 /// column over the first test window's horizon, actual (black) and forecast (red).
-fn plots<B: burn::prelude::Backend>(out: &Path, history: &[mamba2_train::EpochRecord], model: &Forecaster<B>, test: &Windows, targets: &[usize], device: &B::Device) -> Result<()> {
+fn plots<B: burn::prelude::Backend>(
+    out: &Path,
+    history: &[mamba2_train::EpochRecord],
+    model: &Forecaster<B>,
+    test: &Windows,
+    targets: &[usize],
+    device: &B::Device,
+) -> Result<()> {
     let train: Vec<f64> = history.iter().map(|r| r.train_loss).collect();
     let val: Vec<f64> = history.iter().map(|r| r.val_mse).collect();
-    line_chart(&out.join("loss.png"), &[Series { values: &train, rgb: [31, 119, 180] }, Series { values: &val, rgb: [255, 127, 14] }], 640, 360)?;
+    line_chart(
+        &out.join("loss.png"),
+        &[Series { values: &train, rgb: [31, 119, 180] }, Series { values: &val, rgb: [255, 127, 14] }],
+        640,
+        360,
+    )?;
     let (x, y) = mamba2_train::batch_tensors::<B>(test, &[0], targets, device);
     let pred = to_f64_vec(model.forward(x)?);
     let truth = to_f64_vec(y);
     let t = targets.len();
     let col = |v: &[f64]| v.iter().skip(t - 1).step_by(t).copied().collect::<Vec<_>>();
-    line_chart(&out.join("forecast.png"), &[Series { values: &col(&truth), rgb: [0, 0, 0] }, Series { values: &col(&pred), rgb: [214, 39, 40] }], 640, 360)?;
+    line_chart(
+        &out.join("forecast.png"),
+        &[Series { values: &col(&truth), rgb: [0, 0, 0] }, Series { values: &col(&pred), rgb: [214, 39, 40] }],
+        640,
+        360,
+    )?;
     Ok(())
 }
 
@@ -300,7 +341,8 @@ fn plots<B: burn::prelude::Backend>(out: &Path, history: &[mamba2_train::EpochRe
 /// with, and what it reads and predicts.
 fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler, ForecastSpec)> {
     let Loaded { module, meta, .. } = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(path, device, |c, d| c.init(d))?;
-    let scaler: Scaler = serde_json::from_value(meta["scaler"].clone()).with_context(|| format!("{}: no data scaler in the checkpoint", path.display()))?;
+    let scaler: Scaler =
+        serde_json::from_value(meta["scaler"].clone()).with_context(|| format!("{}: no data scaler in the checkpoint", path.display()))?;
     let spec = module.spec().clone();
     Ok((module, scaler, spec))
 }
@@ -345,7 +387,9 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
         let rows = scaled_rows(&a.data, &spec, &scaler)?;
         // A streamable model reads the whole history (what `stream` sees); the others the last L rows.
-        let used: &[Vec<f64>] = if model.streamable() { &rows } else {
+        let used: &[Vec<f64>] = if model.streamable() {
+            &rows
+        } else {
             if rows.len() < spec.lookback {
                 bail!("{} rows given, the model needs at least lookback = {}", rows.len(), spec.lookback);
             }
@@ -364,7 +408,10 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
 fn cmd_stream(a: StreamArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
         if !model.streamable() {
-            bail!("{} was trained with RevIN or the linear skip, which need whole windows; train with --no-revin --no-linear-skip to stream", a.checkpoint.display());
+            bail!(
+                "{} was trained with RevIN or the linear skip, which need whole windows; train with --no-revin --no-linear-skip to stream",
+                a.checkpoint.display()
+            );
         }
         let stdin = std::io::stdin();
         let mut lines = stdin.lock().lines();
@@ -377,7 +424,11 @@ fn cmd_stream(a: StreamArgs) -> Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let table = Table::from_csv_str(&format!("{header}\n{line}\n"), &format!("stdin row {}", i + 1), &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) })?;
+            let table = Table::from_csv_str(
+                &format!("{header}\n{line}\n"),
+                &format!("stdin row {}", i + 1),
+                &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
+            )?;
             let row = scaler.transform(&table.rows)[0].clone();
             let x = tensor::<I, 2>(row, [1, spec.features.len()], &device);
             let (pred, next) = model.step(x, state)?;

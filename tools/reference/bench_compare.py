@@ -8,6 +8,10 @@ each. Prints tokens/s for each side and the ratio, writes `docs/bench/compare.js
 The Rust figures are criterion's median estimates; the torch figures are the mean over at least
 `--min-time` seconds, at HF's fastest chunk size of 64 and 256.
 
+On an AMD processor the torch side runs with `mkl_intel_cpu.c` preloaded (built here with gcc,
+`--mkl-shim off` to skip it): without it oneMKL takes its AVX2 path there, half the rate of the
+AVX-512 path the processor has, and HF's products would run slower than they can.
+
 The two sides of that table run minutes apart, and this VM's speed drifts by up to 2x over
 minutes, so a ratio may compare one side's slow phase with the other's fast one. The train
 ratios are therefore measured a second way as well: `--rounds` paired rounds, each one Rust
@@ -36,6 +40,23 @@ def machine():
     return f"{name}, {os.cpu_count()} cores"
 
 
+def amd_cpu():
+    try:
+        return "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def mkl_shim(mode):
+    """The path of the built shim to preload into torch, or None (see the module's doc)."""
+    if mode == "off" or (mode == "auto" and not amd_cpu()):
+        return None
+    out = ROOT / "target" / "libmkl_intel_cpu.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(out), str(ROOT / "tools/reference/mkl_intel_cpu.c")], check=True)
+    return out
+
+
 def rust_seconds(group, function, param):
     est = CRIT / group / function / str(param) / "new" / "estimates.json" if param else CRIT / group / function / "new" / "estimates.json"
     return json.loads(est.read_text())["median"]["point_estimate"] / 1e9
@@ -46,7 +67,11 @@ def main():
     ap.add_argument("--skip-rust", action="store_true", help="reuse the last criterion results")
     ap.add_argument("--min-time", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=7, help="paired train rounds per config (0: none)")
+    ap.add_argument("--mkl-shim", choices=["auto", "on", "off"], default="auto",
+                    help="preload mkl_intel_cpu.c into torch (auto: on AMD processors)")
     a = ap.parse_args()
+    shim = mkl_shim(a.mkl_shim)
+    torch_env = dict(os.environ, LD_PRELOAD=str(shim)) if shim else None
     env = dict(os.environ, RAYON_NUM_THREADS="2")
     sweep_file = ROOT / "target" / "sweep_interleaved.json"
     if not a.skip_rust:
@@ -58,7 +83,7 @@ def main():
 
     def torch(*args):
         out = subprocess.run([sys.executable, str(ROOT / "tools/reference/bench_torch.py"), "--threads", "2",
-                              "--min-time", str(a.min_time), *args], cwd=ROOT, check=True,
+                              "--min-time", str(a.min_time), *args], cwd=ROOT, check=True, env=torch_env,
                              capture_output=True, text=True).stdout
         return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
@@ -129,7 +154,7 @@ def main():
 
     out = ROOT / "docs" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(dict(machine=machine(),
+    (out / "compare.json").write_text(json.dumps(dict(machine=machine(), torch_mkl_shim=bool(shim),
                                                       rows=rows, paired=paired, sweep=sweep), indent=1) + "\n")
     import matplotlib
     matplotlib.use("Agg")

@@ -308,8 +308,10 @@ fn mixer_forward<T: HostFloat>(a: &HostArgs<T>, keep: bool) -> (Vec<T>, Option<M
 }
 
 /// The mixer's backward on host buffers: the gradient of every parent, given that of the
-/// packed output.
-fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[T]) -> [Vec<T>; PARENTS] {
+/// packed output. With `need_u` false (the input is not tracked, as for a stack's first layer
+/// fed data) the input's gradient is left empty: its product with `in_proj`'s weight is a sixth
+/// of a layer's matrix work, and torch skips it too.
+fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[T], need_u: bool) -> [Vec<T>; PARENTS] {
     let dims = a.dims;
     let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
     let [ny, ns, _] = packed_parts(&dims);
@@ -345,14 +347,35 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
     }
 
     // in_proj: its weight, its bias, and the gradient of its input.
-    let x_in = saved.pre.as_ref().map_or(a.u.get(), |(normed, _)| normed);
-    let in_w = product(dm, w, rows, Mat::transposed(x_in, dm), Mat::rows(&g.zx, w));
     let in_b = if a.in_b.is_some() { column_sums(&g.zx, w) } else { Vec::new() };
-    let g_in = product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
-    // With the block around the mixer, `u` reaches the output through the norm and directly.
-    let (u, pre_w) = match (&saved.pre, &a.pre_w) {
-        (Some((_, rstd)), Some(pw)) => kernel::rms_norm_backward(a.u.get(), pw.get(), rstd, &g_in, Some(gy)),
-        _ => (g_in, Vec::new()),
+    let g_in = || product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w.get(), w));
+    let (in_w, u, pre_w) = match (&saved.pre, &a.pre_w) {
+        (Some((_, rstd)), Some(pw)) if !need_u => {
+            // The norm weight's gradient, sum_r g_in[r, j] xhat[r, j] with g_in = gzx in_w^T,
+            // is sum_k in_w[j, k] G[j, k] with G = xhat^T gzx; and in_proj's weight gradient is
+            // G with row j scaled by the norm weight, so no g_in is needed at all.
+            let xhat = kernel::rms_unit(a.u.get(), rstd, dm);
+            let mut gw = product(dm, w, rows, Mat::transposed(&xhat, dm), Mat::rows(&g.zx, w));
+            let pre_w = gw
+                .chunks(w)
+                .zip(a.in_w.get().chunks(w))
+                .map(|(gr, wr)| gr.iter().zip(wr).fold(T::zero(), |s, (&x, &y)| s + x * y))
+                .collect();
+            for (row, &scale) in gw.chunks_mut(w).zip(pw.get()) {
+                row.iter_mut().for_each(|v| *v = *v * scale);
+            }
+            (gw, Vec::new(), pre_w)
+        }
+        // With the block around the mixer, `u` reaches the output through the norm and directly.
+        (Some((normed, rstd)), Some(pw)) => {
+            let in_w = product(dm, w, rows, Mat::transposed(normed, dm), Mat::rows(&g.zx, w));
+            let (u, pre_w) = kernel::rms_norm_backward(a.u.get(), pw.get(), rstd, &g_in(), Some(gy));
+            (in_w, u, pre_w)
+        }
+        _ => {
+            let in_w = product(dm, w, rows, Mat::transposed(a.u.get(), dm), Mat::rows(&g.zx, w));
+            (in_w, if need_u { g_in() } else { Vec::new() }, Vec::new())
+        }
     };
 
     [u, in_w, in_b, g.tail, g.h0, g.conv_w, g.conv_b, g.dt_bias, g.a_log, g.d, g.norm_w, out_w, out_b, pre_w, post_w]
@@ -434,7 +457,7 @@ impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for MixerBackward<T> {
     fn backward(self, ops: Ops<Self::State, PARENTS>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let NodeState { args, saved, device } = ops.state;
         let gout = host::<B, T>(grads.consume::<B>(&ops.node));
-        let g = mixer_backward(&args, &saved, gout.get());
+        let g = mixer_backward(&args, &saved, gout.get(), ops.parents[0].is_some());
         for ((parent, values), shape) in ops.parents.iter().zip(g).zip(parent_shapes(&args)) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, to_device::<B, T>(values, shape, &device));

@@ -1070,6 +1070,20 @@ pub(crate) fn rms_norm<T: HostFloat>(x: &[T], w: &[T], eps: f64) -> (Vec<T>, Vec
     (out, rstd)
 }
 
+/// `x / rms(x)` per row of `d` values, given `1 / rms` per row (`rstd`): the block norm's
+/// output before its weight.
+pub(crate) fn rms_unit<T: HostFloat>(x: &[T], rstd: &[T], d: usize) -> Vec<T> {
+    let d = d.max(1);
+    let ([out], _) = build_rows(x.len() / d, ROWS_PER_TASK, [d], |first, [o]| {
+        for ((orow, xrow), &inv) in o.chunks_mut(d).zip(x[first * d..].chunks(d)).zip(&rstd[first..]) {
+            for (v, &xv) in orow.iter_mut().zip(xrow) {
+                *v = xv * inv;
+            }
+        }
+    });
+    out
+}
+
 multiversion! {
     /// The norm's backward for a block of rows: `gx` holds the gradient that reaches `x` another
     /// way (the residual) and gets the norm's part added; returns these rows' part of `w`'s

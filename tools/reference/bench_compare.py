@@ -29,27 +29,23 @@ TOKENS = {"small": 8 * 256, "medium": 8 * 512, "streaming": 1}
 SWEEP = [512, 1024, 2048, 4096, 8192, 16384]
 
 
-def machine():
+def cpuinfo():
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def machine(info):
     """The processor's model name and the number of cores: the VM's processor changes between
     sessions, and ratios from different processors are not comparable."""
-    try:
-        name = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                    if l.startswith("model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), None)
+    return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def amd_cpu():
-    try:
-        return "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def mkl_shim(mode):
+def mkl_shim(mode, info):
     """The path of the built shim to preload into torch, or None (see the module's doc)."""
-    if mode == "off" or (mode == "auto" and not amd_cpu()):
+    if mode == "off" or (mode == "auto" and "AuthenticAMD" not in info):
         return None
     out = ROOT / "target" / "libmkl_intel_cpu.so"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +66,8 @@ def main():
     ap.add_argument("--mkl-shim", choices=["auto", "on", "off"], default="auto",
                     help="preload mkl_intel_cpu.c into torch (auto: on AMD processors)")
     a = ap.parse_args()
-    shim = mkl_shim(a.mkl_shim)
+    info = cpuinfo()
+    shim = mkl_shim(a.mkl_shim, info)
     torch_env = dict(os.environ, LD_PRELOAD=str(shim)) if shim else None
     env = dict(os.environ, RAYON_NUM_THREADS="2")
     sweep_file = ROOT / "target" / "sweep_interleaved.json"
@@ -154,7 +151,7 @@ def main():
 
     out = ROOT / "docs" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(dict(machine=machine(), torch_mkl_shim=bool(shim),
+    (out / "compare.json").write_text(json.dumps(dict(machine=machine(info), torch_mkl_shim=bool(shim),
                                                       rows=rows, paired=paired, sweep=sweep), indent=1) + "\n")
     import matplotlib
     matplotlib.use("Agg")

@@ -356,11 +356,7 @@ fn mixer_backward<T: HostFloat>(a: &HostArgs<T>, saved: &MixerSaved<T>, gout: &[
             // G with row j scaled by the norm weight, so no g_in is needed at all.
             let xhat = kernel::rms_unit(a.u.get(), rstd, dm);
             let mut gw = product(dm, w, rows, Mat::transposed(&xhat, dm), Mat::rows(&g.zx, w));
-            let pre_w = gw
-                .chunks(w)
-                .zip(a.in_w.get().chunks(w))
-                .map(|(gr, wr)| gr.iter().zip(wr).fold(T::zero(), |s, (&x, &y)| s + x * y))
-                .collect();
+            let pre_w = gw.chunks(w).zip(a.in_w.get().chunks(w)).map(|(gr, wr)| kernel::dot(gr, wr)).collect();
             for (row, &scale) in gw.chunks_mut(w).zip(pw.get()) {
                 row.iter_mut().for_each(|v| *v = *v * scale);
             }

@@ -100,7 +100,7 @@ fn update_dot<T: HostFloat>(h: &mut [T], b: &[T], c: &[T], decay: T, xdt: T) -> 
 
 /// `a . b` in [`LANES`] partial sums.
 #[inline(always)]
-fn dot<T: HostFloat>(a: &[T], b: &[T]) -> T {
+pub(crate) fn dot<T: HostFloat>(a: &[T], b: &[T]) -> T {
     let (av, ar) = a.as_chunks::<LANES>();
     let (bv, br) = b.as_chunks::<LANES>();
     let mut acc = [T::zero(); LANES];

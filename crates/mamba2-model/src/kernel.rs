@@ -458,9 +458,10 @@ multiversion! {
 }
 
 multiversion! {
-    /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip,
-    /// `[L, headdim]`, and the final state.
-    fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize) -> (Vec<T>, Vec<T>) {
+    /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip into the
+    /// head's columns of `y` (`[batch, L, d_inner]`, written by one task per pair), and its
+    /// final state, returned.
+    fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize, y: &Pieces<T>) -> Vec<T> {
         let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
         let (di, cd) = (dims.d_inner(), dims.conv_dim());
         let (b, hh) = (bh / h, bh % h);
@@ -469,7 +470,7 @@ multiversion! {
         if let Some(h0) = inp.h0 {
             state.copy_from_slice(&h0[bh * p * n..(bh + 1) * p * n]);
         }
-        let mut y = vec![T::zero(); l * p];
+        let mut yt = vec![T::zero(); p];
         let inputs = |t: usize| {
             let r = b * l + t;
             let row = &xa[r * cd..(r + 1) * cd];
@@ -484,8 +485,7 @@ multiversion! {
             }
             let (x, bv, cv, dts) = inputs(t);
             let (dtv, decay) = (dts[0], dts[h]);
-            let yt = &mut y[t * p..(t + 1) * p];
-            head_forward(&mut state, x, bv, cv, decay, dtv, yt);
+            head_forward(&mut state, x, bv, cv, decay, dtv, &mut yt);
             if dims.d_per_channel {
                 for ((yv, &xv), &dv) in yt.iter_mut().zip(x).zip(&prm.d[hh * p..(hh + 1) * p]) {
                     *yv = *yv + dv * xv;
@@ -496,26 +496,21 @@ multiversion! {
                     *yv = *yv + dv * xv;
                 }
             }
+            // SAFETY: only this task writes head `hh`'s columns of batch entry `b`'s rows.
+            unsafe { y.put(((b * l + t) * h + hh) * p, &yt) };
         }
-        (y, state.to_vec())
+        state.to_vec()
     }
 }
 
 multiversion! {
-    /// The rows from `first` on: each head's output gathered from `per_head` into `y`, then the
-    /// gated norm into `out`, with `1 / rms` into `rstd`.
-    fn norm_rows<T>(
-        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, per_head: &[(Vec<T>, Vec<T>)], first: usize,
-        out: &mut [T], y: &mut [T], rstd: &mut [T]
-    ) {
-        let (l, h, p, g, w, di) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.width(), dims.d_inner());
-        for (i, ((orow, yrow), rs)) in out.chunks_mut(di).zip(y.chunks_mut(di)).zip(rstd.chunks_mut(g)).enumerate() {
+    /// The gated norm of the scan's output `y` (all rows) for the rows from `first` on, into
+    /// `out`, with `1 / rms` into `rstd`.
+    fn norm_rows<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, y: &[T], first: usize, out: &mut [T], rstd: &mut [T]) {
+        let (g, w, di) = (dims.ngroups, dims.width(), dims.d_inner());
+        for (i, (orow, rs)) in out.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
             let r = first + i;
-            let (b, t) = (r / l, r % l);
-            for hh in 0..h {
-                yrow[hh * p..(hh + 1) * p].copy_from_slice(&per_head[b * h + hh].0[t * p..(t + 1) * p]);
-            }
-            gated_norm_row(dims, yrow, &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+            gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
         }
     }
 }
@@ -543,15 +538,22 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         }
     });
 
-    // The scan, one (batch, head) pair per task.
-    let per_head: Vec<(Vec<T>, Vec<T>)> = (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh)).collect();
+    // The scan, one (batch, head) pair per task, each writing its columns of `y`, which is
+    // neither zeroed first nor gathered from per-head buffers after.
+    let mut y = Vec::with_capacity(rows * di);
+    let finals: Vec<Vec<T>> = {
+        let pieces = Pieces::uninit(&mut y.spare_capacity_mut()[..rows * di]);
+        (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh, &pieces)).collect()
+    };
+    // SAFETY: the pair (b, hh) wrote columns hh * p..(hh + 1) * p of every row of entry b, so
+    // every value is set (a panic in a task propagates before this line).
+    unsafe { y.set_len(rows * di) };
 
-    // Each row's heads gathered into `y`, then the gated norm written straight into `out`.
+    // The gated norm, written straight into `out`.
     let sl = dims.state_len();
-    let ([out, y, rstd], _) =
-        build_rows(rows, ROWS_PER_TASK, [di, di, g], |first, [out, y, rstd]| norm_rows(dims, inp, prm, &per_head, first, out, y, rstd));
+    let ([out, rstd], _) = build_rows(rows, ROWS_PER_TASK, [di, g], |first, [out, rstd]| norm_rows(dims, inp, prm, &y, first, out, rstd));
     let mut fin = zeros(dims.batch * sl);
-    for (bh, (_, last)) in per_head.iter().enumerate() {
+    for (bh, last) in finals.iter().enumerate() {
         fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
     }
     (out, fin, Saved { xc, xa, dt, y, rstd })
@@ -613,8 +615,6 @@ pub(crate) struct BlockGrads<T> {
     /// The block's first head and its number of heads.
     first: usize,
     heads: usize,
-    /// `[L, heads * headdim]`: the x columns of the block's heads.
-    gx: Vec<T>,
     /// `[L, heads]`.
     gdt: Vec<T>,
     /// `[L, 2 ngroups d_state]`: the B and C columns, summed over the block's heads.
@@ -696,7 +696,7 @@ multiversion! {
     /// `h_{t-1}` kept from the forward sweep.
     fn scan_block_backward<T>(
         dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gy: &[T], gfin: &[T], a: &[T], b: usize,
-        first: usize, heads: usize
+        first: usize, heads: usize, gxc: &Pieces<T>
     ) -> BlockGrads<T> {
         let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
         let (di, cd) = (dims.d_inner(), dims.conv_dim());
@@ -705,7 +705,6 @@ multiversion! {
         let mut out = BlockGrads {
             first,
             heads,
-            gx: vec![T::zero(); l * heads * p],
             gdt: vec![T::zero(); l * heads],
             gbc: Lines::zeros(l * 2 * gn),
             gh0: Lines::zeros(heads * p * n),
@@ -716,6 +715,7 @@ multiversion! {
         let mut q = vec![T::zero(); l];
         let mut marks = Vec::with_capacity(l.div_ceil(MARK) * p * n);
         let mut sb = vec![T::zero(); p];
+        let mut gx_t = vec![T::zero(); p];
         for j in 0..heads {
             let hh = first + j;
             let bh = b * h + hh;
@@ -775,7 +775,7 @@ multiversion! {
                 let gb = &mut out.gbc[t * 2 * gn + gi * n..t * 2 * gn + (gi + 1) * n];
                 head_reverse(gh, gyv, x, bv, cv, decay, dtv, gb, &mut sb);
                 // y = h C + D x: x reaches y directly through D and the state through dt x B.
-                let gx = &mut out.gx[(t * heads + j) * p..(t * heads + j + 1) * p];
+                let gx = &mut gx_t[..];
                 if dims.d_per_channel {
                     let (dv, gd) = (&prm.d[hh * p..(hh + 1) * p], &mut out.gd[j * p..(j + 1) * p]);
                     for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
@@ -789,6 +789,9 @@ multiversion! {
                     }
                     out.gd[j] = out.gd[j] + dot(gyv, x);
                 }
+                // SAFETY: only this task writes the x columns of heads first..first + heads of
+                // entry b's rows.
+                unsafe { gxc.put((b * l + t) * cd + hh * p, gx) };
                 let xsb = dot(x, &sb);
                 g_log = g_log + q[t] - dtv * xsb;
                 // log decay = dt A: d/d dt = A, d/dA = dt.
@@ -801,15 +804,15 @@ multiversion! {
 }
 
 multiversion! {
-    /// For the rows from `first` on: the blocks' x, B and C gradients into `gxa` and back through
-    /// the SiLU (so that `gxa` ends as the gradient of the convolution's output), and dt's
+    /// For the rows from `first` on: the blocks' B and C gradients added into `gxa` (whose x
+    /// columns the scan's tasks wrote), all back through the SiLU (so that `gxa` ends as the gradient of the convolution's output), and dt's
     /// gradient through softplus and clamp into the dt columns of `gzx`. Returns these rows'
     /// part of dt_bias's gradient.
     fn scatter_rows<T>(
         dims: &Dims, saved: &Saved<T>, blocks: &[BlockGrads<T>], nblk: usize, first: usize,
         gxa: &mut [T], gzx: &mut [T]
     ) -> Vec<T> {
-        let (l, h, p, w, di, cd) = (dims.len, dims.nheads, dims.headdim, dims.width(), dims.d_inner(), dims.conv_dim());
+        let (l, h, w, di, cd) = (dims.len, dims.nheads, dims.width(), dims.d_inner(), dims.conv_dim());
         let gn = dims.ngroups * dims.d_state;
         let mut dtb = vec![T::zero(); h];
         let mut sxc = vec![T::zero(); cd];
@@ -818,7 +821,6 @@ multiversion! {
             let (b, t) = (r / l, r % l);
             for bg in &blocks[b * nblk..(b + 1) * nblk] {
                 let (first, heads) = (bg.first, bg.heads);
-                row[first * p..(first + heads) * p].copy_from_slice(&bg.gx[t * heads * p..(t + 1) * heads * p]);
                 for (o, &v) in row[di..di + 2 * gn].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
                     *o = *o + v;
                 }
@@ -896,14 +898,19 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
     let blocks_per_entry = (2 * rayon::current_num_threads()).div_ceil(dims.batch.max(1)).clamp(1, h);
     let hb = h.div_ceil(blocks_per_entry);
     let nblk = h.div_ceil(hb);
-    let per_block: Vec<BlockGrads<T>> = (0..dims.batch * nblk)
-        .into_par_iter()
-        .map(|task| {
-            let (b, blk) = (task / nblk, task % nblk);
-            let first = blk * hb;
-            scan_block_backward(dims, inp, prm, saved, &gy, gfin, &a, b, first, hb.min(h - first))
-        })
-        .collect();
+    // The x columns of `gxc` come straight from the scan's tasks, the rest below.
+    let mut gxc = zeros(rows * cd);
+    let per_block: Vec<BlockGrads<T>> = {
+        let pieces = Pieces::new(&mut gxc);
+        (0..dims.batch * nblk)
+            .into_par_iter()
+            .map(|task| {
+                let (b, blk) = (task / nblk, task % nblk);
+                let first = blk * hb;
+                scan_block_backward(dims, inp, prm, saved, &gy, gfin, &a, b, first, hb.min(h - first), &pieces)
+            })
+            .collect()
+    };
 
     // Per head: h0, A and D.
     let d_width = if dims.d_per_channel { p } else { 1 };
@@ -923,8 +930,8 @@ pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<
             }
         }
     }
-    // Per row, in parallel: the blocks' gradients into gxa, through the SiLU; dt's into gzx.
-    let mut gxc = zeros(rows * cd);
+    // Per row, in parallel: the blocks' B and C gradients into gxc, then all through the SiLU;
+    // dt's into gzx.
     let dt_partials: Vec<Vec<T>> = gxc
         .par_chunks_mut(ROWS_PER_TASK * cd)
         .zip(gzx.par_chunks_mut(ROWS_PER_TASK * w))
@@ -1043,6 +1050,38 @@ impl<T> std::ops::DerefMut for Lines<T> {
 pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
     let ([v], _) = build_rows(len, chunk, [1], |at, [c]| fill(at, c));
     v
+}
+
+/// A buffer that parallel tasks fill in disjoint pieces (a scan task its head's columns of
+/// every row), so that no task writes a buffer of its own to be gathered after.
+pub(crate) struct Pieces<'a, T> {
+    at: *mut T,
+    len: usize,
+    _buf: std::marker::PhantomData<&'a mut [T]>,
+}
+// SAFETY: `put`'s callers write disjoint ranges; the buffer outlives the borrow.
+unsafe impl<T: Send> Sync for Pieces<'_, T> {}
+
+impl<'a, T: Copy> Pieces<'a, T> {
+    /// Over values already initialised.
+    pub(crate) fn new(buf: &'a mut [T]) -> Self {
+        Self { at: buf.as_mut_ptr(), len: buf.len(), _buf: std::marker::PhantomData }
+    }
+
+    /// Over a vector's spare capacity, which the pieces are to initialise.
+    pub(crate) fn uninit(buf: &'a mut [std::mem::MaybeUninit<T>]) -> Self {
+        Self { at: buf.as_mut_ptr().cast(), len: buf.len(), _buf: std::marker::PhantomData }
+    }
+
+    /// Writes `v` at `at..at + v.len()`.
+    ///
+    /// # Safety
+    /// No other task reads or writes that range while the pieces live.
+    pub(crate) unsafe fn put(&self, at: usize, v: &[T]) {
+        assert!(at + v.len() <= self.len, "piece {at}+{} outside a buffer of {}", v.len(), self.len);
+        // SAFETY: inside the buffer (checked), and the caller owns the range.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.at.add(at), v.len()) }
+    }
 }
 
 /// The raw starts of [`build_rows`]'s buffers, shared by its tasks, each of which writes only

@@ -314,8 +314,9 @@ pub(crate) struct Inputs<'a, T> {
 /// What the forward keeps for the backward.
 #[derive(Debug)]
 pub(crate) struct Saved<T> {
-    /// Convolution output before the SiLU, `[rows, conv_dim]`.
-    xc: Vec<T>,
+    /// The sigmoid of the convolution's output, `[rows, conv_dim]`: with `xa` it gives the
+    /// SiLU's derivative, `s (1 + x (1 - s)) = s + xa (1 - s)`, without a sigmoid in the backward.
+    sx: Vec<T>,
     /// After the SiLU: `x | B | C`, `[rows, conv_dim]`.
     xa: Vec<T>,
     /// Per row `[dt | decay = exp(dt A) | d dt / d dt_raw]`, `[rows, 3 nheads]`: the decay and
@@ -403,21 +404,21 @@ fn transpose_conv<T: HostFloat>(dims: &Dims, w: &[T]) -> Vec<T> {
 
 multiversion! {
     /// The convolution with its SiLU, and `dt`, for the rows from `first` on (one per `conv_dim`
-    /// of `xa`): the pre-activation into `xc`, the SiLU into `xa`, and `dt` with what the scan
-    /// and the backward take from it (see [`Saved::dt`]). `xc` holds either one row per row of
-    /// `xa` (kept for the backward) or a single scratch row.
+    /// of `xa`): the pre-activation's sigmoid into `sx`, the SiLU into `xa`, and `dt` with what
+    /// the scan and the backward take from it (see [`Saved::dt`]). `sx` holds either one row per
+    /// row of `xa` (kept for the backward) or a single scratch row.
     fn conv_rows<T>(
         dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, wt: &[T], a: &[T], first: usize,
-        xc: &mut [T], xa: &mut [T], dt: &mut [T]
+        sx: &mut [T], xa: &mut [T], dt: &mut [T]
     ) {
         let (l, h, k, w, di, cd) = (dims.len, dims.nheads, dims.d_conv, dims.width(), dims.d_inner(), dims.conv_dim());
-        let per_row = xc.len() == xa.len();
-        let mut sxc = vec![T::zero(); cd];
+        let per_row = sx.len() == xa.len();
+        let mut xc = vec![T::zero(); cd];
         for (i, (xa, dt)) in xa.chunks_mut(cd).zip(dt.chunks_mut(3 * h)).enumerate() {
             let r = first + i;
             let (b, t) = (r / l, r % l);
             let span = if per_row { i * cd..(i + 1) * cd } else { 0..cd };
-            let xc = &mut xc[span];
+            let sx = &mut sx[span];
             match prm.conv_b {
                 Some(bias) => xc.copy_from_slice(bias),
                 None => xc.fill(T::zero()),
@@ -429,8 +430,8 @@ multiversion! {
                     }
                 }
             }
-            sigmoid_into(xc, &mut sxc);
-            for ((o, &s), &v) in xa.iter_mut().zip(sxc.iter()).zip(xc.iter()) {
+            sigmoid_into(&xc, sx);
+            for ((o, &s), &v) in xa.iter_mut().zip(sx.iter()).zip(xc.iter()) {
                 *o = v * s;
             }
             let raw = &inp.zx[r * w + di + cd..r * w + di + cd + h];
@@ -518,7 +519,7 @@ multiversion! {
 /// The forward pass: the gated norm's output `[batch, L, d_inner]`, the final scan state
 /// `[batch, nheads, headdim, d_state]`, and what the backward needs.
 ///
-/// With `keep = false` (no backward will follow) the convolution's pre-activation buffers are
+/// With `keep = false` (no backward will follow) the SiLU's sigmoid is
 /// not kept: the returned [`Saved`] is then only good for dropping.
 pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
     let (h, p, g, n) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
@@ -526,13 +527,12 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     let wt = transpose_conv(dims, prm.conv_w);
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
 
-    // Convolution + SiLU and dt, in blocks of rows. The pre-activation is kept for the backward
-    // (its sigmoid is cheaper to recompute there than to store and read back); in inference a
-    // scratch row per task takes its place.
+    // Convolution + SiLU and dt, in blocks of rows. The SiLU's sigmoid is kept for the backward;
+    // in inference a scratch row per task takes its place.
     let widths = [if keep { cd } else { 0 }, cd, 3 * h];
-    let ([xc, xa, dt], _) = build_rows(rows, ROWS_PER_TASK, widths, |first, [xc, xa, dt]| {
+    let ([sx, xa, dt], _) = build_rows(rows, ROWS_PER_TASK, widths, |first, [sx, xa, dt]| {
         if keep {
-            conv_rows(dims, inp, prm, &wt, &a, first, xc, xa, dt)
+            conv_rows(dims, inp, prm, &wt, &a, first, sx, xa, dt)
         } else {
             conv_rows(dims, inp, prm, &wt, &a, first, &mut vec![T::zero(); cd], xa, dt)
         }
@@ -556,7 +556,7 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
     for (bh, last) in finals.iter().enumerate() {
         fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
     }
-    (out, fin, Saved { xc, xa, dt, y, rstd })
+    (out, fin, Saved { sx, xa, dt, y, rstd })
 }
 
 /// One row of the gated group-wise RMS norm of `y` with gate `silu(z)` and weight `w`, in the
@@ -815,7 +815,6 @@ multiversion! {
         let (l, h, w, di, cd) = (dims.len, dims.nheads, dims.width(), dims.d_inner(), dims.conv_dim());
         let gn = dims.ngroups * dims.d_state;
         let mut dtb = vec![T::zero(); h];
-        let mut sxc = vec![T::zero(); cd];
         for (i, (row, gzr)) in gxa.chunks_mut(cd).zip(gzx.chunks_mut(w)).enumerate() {
             let r = first + i;
             let (b, t) = (r / l, r % l);
@@ -831,11 +830,10 @@ multiversion! {
                     dtb[hh] = dtb[hh] + graw;
                 }
             }
-            // d silu(x) / dx = s (1 + x (1 - s)), while the row is in cache.
-            let xc = &saved.xc[r * cd..(r + 1) * cd];
-            sigmoid_into(xc, &mut sxc);
-            for ((v, &x), &s) in row.iter_mut().zip(xc).zip(&sxc) {
-                *v = *v * s * (T::one() + x * (T::one() - s));
+            // d silu(x) / dx = s (1 + x (1 - s)) = s + silu(x) (1 - s), while the row is in cache.
+            let (sx, xa) = (&saved.sx[r * cd..(r + 1) * cd], &saved.xa[r * cd..(r + 1) * cd]);
+            for ((v, &s), &xav) in row.iter_mut().zip(sx).zip(xa) {
+                *v = *v * (s + xav * (T::one() - s));
             }
         }
         dtb

@@ -458,34 +458,76 @@ multiversion! {
     }
 }
 
+/// Where one head's inputs of each step lie in the kernel's row buffers: `x`, `B` and `C` in
+/// `xa`'s row, `dt` and the decay in `dt`'s (see [`Saved`]). Both scans read through it.
+struct HeadRows<'a, T> {
+    xa: &'a [T],
+    dt: &'a [T],
+    /// The entry's first row, and the widths of an `xa` and a `dt` row.
+    row0: usize,
+    cd: usize,
+    dt_width: usize,
+    /// Offsets of x, B and C in an `xa` row, and of dt in a `dt` row (the decay is `nheads`
+    /// further).
+    x: usize,
+    b: usize,
+    c: usize,
+    hh: usize,
+    h: usize,
+    p: usize,
+    n: usize,
+}
+
+impl<'a, T: HostFloat> HeadRows<'a, T> {
+    fn new(dims: &Dims, xa: &'a [T], dt: &'a [T], b: usize, hh: usize) -> Self {
+        let (h, p, g, n, di) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state, dims.d_inner());
+        let gi = hh / (h / g);
+        let (x, b_col, c_col) = (hh * p, di + gi * n, di + g * n + gi * n);
+        Self { xa, dt, row0: b * dims.len, cd: dims.conv_dim(), dt_width: 3 * h, x, b: b_col, c: c_col, hh, h, p, n }
+    }
+
+    /// Step `t`'s `x`, `B` and `C`, and its span of the `dt` row from dt to the decay.
+    #[inline(always)]
+    fn rows(&self, t: usize) -> (&'a [T], &'a [T], &'a [T], &'a [T]) {
+        let r = self.row0 + t;
+        let row = &self.xa[r * self.cd..(r + 1) * self.cd];
+        let dts = &self.dt[r * self.dt_width + self.hh..=r * self.dt_width + self.h + self.hh];
+        (&row[self.x..self.x + self.p], &row[self.b..self.b + self.n], &row[self.c..self.c + self.n], dts)
+    }
+
+    /// Step `t`'s `x`, `B`, `C`, dt and decay.
+    #[inline(always)]
+    fn at(&self, t: usize) -> (&'a [T], &'a [T], &'a [T], T, T) {
+        let (x, bv, cv, dts) = self.rows(t);
+        (x, bv, cv, dts[0], dts[self.h])
+    }
+
+    /// Asks for step `t`'s inputs (see [`prefetch`]).
+    #[inline(always)]
+    fn fetch(&self, t: usize) {
+        let (x, bv, cv, dts) = self.rows(t);
+        [x, bv, cv, dts].into_iter().for_each(prefetch);
+    }
+}
+
 multiversion! {
     /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip into the
     /// head's columns of `y` (`[batch, L, d_inner]`, written by one task per pair), and its
     /// final state, returned.
     fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize, y: &Pieces<T>) -> Vec<T> {
-        let (l, h, p, g, n) = (dims.len, dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
-        let (di, cd) = (dims.d_inner(), dims.conv_dim());
+        let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
         let (b, hh) = (bh / h, bh % h);
-        let gi = hh / (h / g);
         let mut state = Lines::zeros(p * n);
         if let Some(h0) = inp.h0 {
             state.copy_from_slice(&h0[bh * p * n..(bh + 1) * p * n]);
         }
         let mut yt = vec![T::zero(); p];
-        let inputs = |t: usize| {
-            let r = b * l + t;
-            let row = &xa[r * cd..(r + 1) * cd];
-            let (x, bv, cv) = (&row[hh * p..(hh + 1) * p], &row[di + gi * n..di + (gi + 1) * n], &row[di + g * n + gi * n..di + g * n + (gi + 1) * n]);
-            // dt and the decay of this head.
-            (x, bv, cv, &dt[r * 3 * h + hh..=r * 3 * h + h + hh])
-        };
+        let rows = HeadRows::new(dims, xa, dt, b, hh);
         for t in 0..l {
             if t + AHEAD < l {
-                let (x, bv, cv, dts) = inputs(t + AHEAD);
-                [x, bv, cv, dts].into_iter().for_each(prefetch);
+                rows.fetch(t + AHEAD);
             }
-            let (x, bv, cv, dts) = inputs(t);
-            let (dtv, decay) = (dts[0], dts[h]);
+            let (x, bv, cv, dtv, decay) = rows.at(t);
             head_forward(&mut state, x, bv, cv, decay, dtv, &mut yt);
             if dims.d_per_channel {
                 for ((yv, &xv), &dv) in yt.iter_mut().zip(x).zip(&prm.d[hh * p..(hh + 1) * p]) {
@@ -720,25 +762,18 @@ multiversion! {
             let hh = first + j;
             let bh = b * h + hh;
             let gi = hh / (h / g);
-            let inputs = |t: usize| {
-                let r = b * l + t;
-                let row = &saved.xa[r * cd..(r + 1) * cd];
-                let x = &row[hh * p..(hh + 1) * p];
-                let bv = &row[di + gi * n..di + (gi + 1) * n];
-                let cv = &row[di + gn + gi * n..di + gn + (gi + 1) * n];
-                // dt and the decay of this head.
-                let dts = &saved.dt[r * 3 * h + hh..=r * 3 * h + h + hh];
-                (x, bv, cv, dts, &gy[r * di + hh * p..r * di + (hh + 1) * p])
-            };
+            let rows = HeadRows::new(dims, &saved.xa, &saved.dt, b, hh);
+            let gy_at = |t: usize| &gy[(b * l + t) * di + hh * p..(b * l + t) * di + (hh + 1) * p];
             let step = |t: usize| {
-                let (x, bv, cv, dts, gyv) = inputs(t);
-                (x, bv, cv, dts[0], dts[h], gyv)
+                let (x, bv, cv, dtv, decay) = rows.at(t);
+                (x, bv, cv, dtv, decay, gy_at(t))
             };
-            // The rows of step `t` (and its gradients of B and C) into the cache, for the sweeps
-            // to ask for some steps ahead.
+            // The rows of step `t`, with its gradients of y, B and C, into the cache, for the
+            // sweeps to ask for some steps ahead.
             let fetch = |t: usize, gbc: &[T]| {
-                let (x, bv, cv, dts, gyv) = inputs(t);
-                [x, bv, cv, dts, gyv, &gbc[t * 2 * gn..(t + 1) * 2 * gn]].into_iter().for_each(prefetch);
+                rows.fetch(t);
+                prefetch(gy_at(t));
+                prefetch(&gbc[t * 2 * gn..(t + 1) * 2 * gn]);
             };
             match inp.h0 {
                 Some(h0) => state.copy_from_slice(&h0[bh * p * n..(bh + 1) * p * n]),

@@ -561,8 +561,8 @@ multiversion! {
 /// The forward pass: the gated norm's output `[batch, L, d_inner]`, the final scan state
 /// `[batch, nheads, headdim, d_state]`, and what the backward needs.
 ///
-/// With `keep = false` (no backward will follow) the SiLU's sigmoid is
-/// not kept: the returned [`Saved`] is then only good for dropping.
+/// With `keep = false` (no backward will follow) the SiLU's sigmoid is not kept: the returned
+/// [`Saved`] is then only good for dropping.
 pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
     let (h, p, g, n) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
     let (di, cd, rows) = (dims.d_inner(), dims.conv_dim(), dims.rows());

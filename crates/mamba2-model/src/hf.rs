@@ -6,6 +6,7 @@ use std::path::Path;
 use burn::module::Param;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
+use mamba2_tensor::from_f64_vec;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::block::Mamba2Block;
@@ -56,7 +57,7 @@ impl<'a> TensorSource<'a> {
         device: &B::Device,
     ) -> Result<Tensor<B, D>, ModelError> {
         let values = self.values(name, &shape)?;
-        Ok(Tensor::from_data(TensorData::new(values, shape).convert::<B::FloatElem>(), device))
+        Ok(from_f64_vec(values, shape, device))
     }
 
     /// A PyTorch `[out, in]` Linear weight, transposed to Burn's `[in, out]`.
@@ -162,7 +163,7 @@ pub fn lm_from_hf_bytes<B: Backend>(
             return Err(ModelError::HfConfig { why: "lm_head.weight differs from the embedding but the config ties them".into() });
         }
     }
-    let weight = Tensor::from_data(TensorData::new(emb_values, shape).convert::<B::FloatElem>(), device);
+    let weight = from_f64_vec(emb_values, shape, device);
     let backbone = stack_from(&mut src, "backbone.", &config, device)?;
     if let Some(name) = src.unused() {
         return Err(ModelError::UnexpectedTensor { name });

@@ -5,8 +5,9 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::{Device, FloatElem};
+use burn::tensor::ops::Device;
 use mamba2_model::{named_params, write_atomically, NamedParam};
+use mamba2_tensor::from_f64_vec;
 use safetensors::tensor::{serialize, TensorView};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -285,7 +286,7 @@ impl<B: AutodiffBackend> AdamW<B> {
                     return Err(err(format!("{pname}.{k}: expected f64 [{n}], got {:?} {:?}", view.dtype(), view.shape())));
                 }
                 let v: Vec<f64> = view.data().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect();
-                Ok(Tensor::from_data(TensorData::new(v, [n]).convert::<FloatElem<B::InnerBackend>>(), device))
+                Ok(from_f64_vec(v, [n], device))
             };
             let _ = kind;
             moments.insert(p.id, Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });

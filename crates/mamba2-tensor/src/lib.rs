@@ -11,6 +11,7 @@
 //! - [`causal_conv1d`]: causal depthwise convolution over time with an optional left context;
 //! - [`repeat_interleave`]: groups to heads;
 //! - [`compare`]: reading results back as `f64` and the relative difference used by all tests;
+//!   [`from_f64_vec`], its inverse: host values into a tensor of the backend's float type;
 //! - [`rng`]: a seeded host-side generator whose draws do not depend on a backend.
 //!
 //! Shape mistakes are reported as a [`ShapeError`] that carries the offending sizes.
@@ -32,6 +33,7 @@ mod activation;
 pub mod compare;
 mod conv;
 mod error;
+mod host;
 mod norm;
 mod pad;
 mod repeat;
@@ -41,6 +43,7 @@ mod segsum;
 pub use activation::{inverse_softplus, sigmoid, silu, softplus, SOFTPLUS_THRESHOLD};
 pub use conv::causal_conv1d;
 pub use error::{expect_divides, expect_positive, expect_shape, ShapeError};
+pub use host::from_f64_vec;
 pub use norm::{rms_norm_gated, GateOrder};
 pub use pad::pad_to_multiple;
 pub use repeat::repeat_interleave;

@@ -31,7 +31,7 @@ mod trainer;
 
 pub use forecaster::{ForecastSpec, Forecaster, ForecasterConfig};
 pub use memory::keep_freed_memory;
-pub use trainer::{batch_tensors, evaluate, host_tensor, train, EpochRecord, Prepared, RunDir, TrainConfig, TrainSummary};
+pub use trainer::{batch_tensors, evaluate, train, EpochRecord, Prepared, RunDir, TrainConfig, TrainSummary};
 
 /// Everything that can stop a run, with the offending value in the message.
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use mamba2_model::{load_checkpoint, save_checkpoint, write_atomically};
 use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError};
+use mamba2_tensor::from_f64_vec;
 use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
@@ -159,16 +160,11 @@ fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     SplitMix64::new(seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03).permutation(n)
 }
 
-/// Host values as a tensor of the backend's float type.
-pub fn host_tensor<B: Backend, const D: usize>(values: Vec<f64>, shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(values, shape).convert::<B::FloatElem>(), device)
-}
-
 /// A batch of windows as tensors.
 pub fn batch_tensors<B: Backend>(w: &Windows, idx: &[usize], targets: &[usize], device: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let (x, y) = w.gather(idx, targets);
     let c = w.rows[0].len();
-    (host_tensor(x, [idx.len(), w.lookback, c], device), host_tensor(y, [idx.len(), w.horizon, targets.len()], device))
+    (from_f64_vec(x, [idx.len(), w.lookback, c], device), from_f64_vec(y, [idx.len(), w.horizon, targets.len()], device))
 }
 
 /// MSE and MAE of `model` over `windows` in batches of `batch_size` (dropping the last partial

@@ -13,9 +13,10 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba2_model::{load_checkpoint, Loaded, Mamba2Config};
 use mamba2_tensor::compare::to_f64_vec;
+use mamba2_tensor::from_f64_vec;
 use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
 use mamba2_train::plot::{line_chart, Series};
-use mamba2_train::{evaluate, host_tensor, train, ForecastSpec, Forecaster, ForecasterConfig, Prepared, RunDir, TrainConfig};
+use mamba2_train::{evaluate, train, ForecastSpec, Forecaster, ForecasterConfig, Prepared, RunDir, TrainConfig};
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
 const ETTH1: &str = include_str!("../../../../data/ett/ETTh1.csv");
@@ -390,7 +391,7 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
             &rows[rows.len() - spec.lookback..]
         };
         let flat: Vec<f64> = used.iter().flatten().copied().collect();
-        let x = host_tensor::<I, 3>(flat, [1, used.len(), spec.features.len()], &device);
+        let x = from_f64_vec::<I, 3>(flat, [1, used.len(), spec.features.len()], &device);
         let pred = if model.streamable() { model.forward_history(x)? } else { model.forward(x)? };
         let mut out = std::io::stdout().lock();
         writeln!(out, "step,{}", spec.targets.join(","))?;
@@ -424,7 +425,7 @@ fn cmd_stream(a: StreamArgs) -> Result<()> {
                 &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
             )?;
             let row = scaler.transform(&table.rows)[0].clone();
-            let x = host_tensor::<I, 2>(row, [1, spec.features.len()], &device);
+            let x = from_f64_vec::<I, 2>(row, [1, spec.features.len()], &device);
             let (pred, next) = model.step(x, state)?;
             state = next;
             print_forecast(&mut out, &to_f64_vec(pred), model.target_indices(), &scaler, &format!("{},", i + 1))?;

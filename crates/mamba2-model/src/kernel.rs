@@ -840,9 +840,9 @@ multiversion! {
 
 multiversion! {
     /// For the rows from `first` on: the blocks' B and C gradients added into `gxa` (whose x
-    /// columns the scan's tasks wrote), all back through the SiLU (so that `gxa` ends as the gradient of the convolution's output), and dt's
-    /// gradient through softplus and clamp into the dt columns of `gzx`. Returns these rows'
-    /// part of dt_bias's gradient.
+    /// columns the scan's tasks wrote), all back through the SiLU (so that `gxa` ends as the
+    /// gradient of the convolution's output), and dt's gradient through softplus and clamp into
+    /// the dt columns of `gzx`. Returns these rows' part of dt_bias's gradient.
     fn scatter_rows<T>(
         dims: &Dims, saved: &Saved<T>, blocks: &[BlockGrads<T>], nblk: usize, first: usize,
         gxa: &mut [T], gzx: &mut [T]

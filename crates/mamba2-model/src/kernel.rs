@@ -512,9 +512,9 @@ impl<'a, T: HostFloat> HeadRows<'a, T> {
 
 multiversion! {
     /// The forward scan of the `(batch, head)` pair `bh`: its output with the `D` skip into the
-    /// head's columns of `y` (`[batch, L, d_inner]`, written by one task per pair), and its
-    /// final state, returned.
-    fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize, y: &Pieces<T>) -> Vec<T> {
+    /// head's columns of `y` (`[batch, L, d_inner]`) and its final state into its place in `fin`
+    /// (`[batch, nheads, headdim, d_state]`), each written by this task alone.
+    fn scan_head<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, xa: &[T], dt: &[T], bh: usize, y: &Pieces<T>, fin: &Pieces<T>) {
         let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
         let (b, hh) = (bh / h, bh % h);
         let mut state = Lines::zeros(p * n);
@@ -542,7 +542,8 @@ multiversion! {
             // SAFETY: only this task writes head `hh`'s columns of batch entry `b`'s rows.
             unsafe { y.put(((b * l + t) * h + hh) * p, &yt) };
         }
-        state.to_vec()
+        // SAFETY: only this task writes the pair's state.
+        unsafe { fin.put(bh * p * n, &state) };
     }
 }
 
@@ -564,7 +565,7 @@ multiversion! {
 /// With `keep = false` (no backward will follow) the SiLU's sigmoid is not kept: the returned
 /// [`Saved`] is then only good for dropping.
 pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
-    let (h, p, g, n) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state);
+    let (h, g) = (dims.nheads, dims.ngroups);
     let (di, cd, rows) = (dims.d_inner(), dims.conv_dim(), dims.rows());
     let wt = transpose_conv(dims, prm.conv_w);
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
@@ -582,22 +583,21 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
 
     // The scan, one (batch, head) pair per task, each writing its columns of `y`, which is
     // neither zeroed first nor gathered from per-head buffers after.
-    let mut y = Vec::with_capacity(rows * di);
-    let finals: Vec<Vec<T>> = {
+    let (mut y, mut fin) = (Vec::with_capacity(rows * di), Vec::with_capacity(dims.batch * dims.state_len()));
+    {
         let pieces = Pieces::uninit(&mut y.spare_capacity_mut()[..rows * di]);
-        (0..dims.batch * h).into_par_iter().map(|bh| scan_head(dims, inp, prm, &xa, &dt, bh, &pieces)).collect()
-    };
-    // SAFETY: the pair (b, hh) wrote columns hh * p..(hh + 1) * p of every row of entry b, so
-    // every value is set (a panic in a task propagates before this line).
-    unsafe { y.set_len(rows * di) };
+        let states = Pieces::uninit(&mut fin.spare_capacity_mut()[..dims.batch * dims.state_len()]);
+        (0..dims.batch * h).into_par_iter().for_each(|bh| scan_head(dims, inp, prm, &xa, &dt, bh, &pieces, &states));
+    }
+    // SAFETY: the pair (b, hh) wrote columns hh * p..(hh + 1) * p of every row of entry b, and
+    // its state, so every value is set (a panic in a task propagates before these lines).
+    unsafe {
+        y.set_len(rows * di);
+        fin.set_len(dims.batch * dims.state_len());
+    }
 
     // The gated norm, written straight into `out`.
-    let sl = dims.state_len();
     let ([out, rstd], _) = build_rows(rows, ROWS_PER_TASK, [di, g], |first, [out, rstd]| norm_rows(dims, inp, prm, &y, first, out, rstd));
-    let mut fin = zeros(dims.batch * sl);
-    for (bh, last) in finals.iter().enumerate() {
-        fin[bh * p * n..(bh + 1) * p * n].copy_from_slice(last);
-    }
     (out, fin, Saved { sx, xa, dt, y, rstd })
 }
 

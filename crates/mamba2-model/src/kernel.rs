@@ -463,10 +463,9 @@ multiversion! {
 struct HeadRows<'a, T> {
     xa: &'a [T],
     dt: &'a [T],
-    /// The entry's first row, and the widths of an `xa` and a `dt` row.
+    /// The entry's first row, and the width of an `xa` row (a `dt` row is `3 nheads`).
     row0: usize,
     cd: usize,
-    dt_width: usize,
     /// Offsets of x, B and C in an `xa` row, and of dt in a `dt` row (the decay is `nheads`
     /// further).
     x: usize,
@@ -483,7 +482,7 @@ impl<'a, T: HostFloat> HeadRows<'a, T> {
         let (h, p, g, n, di) = (dims.nheads, dims.headdim, dims.ngroups, dims.d_state, dims.d_inner());
         let gi = hh / (h / g);
         let (x, b_col, c_col) = (hh * p, di + gi * n, di + g * n + gi * n);
-        Self { xa, dt, row0: b * dims.len, cd: dims.conv_dim(), dt_width: 3 * h, x, b: b_col, c: c_col, hh, h, p, n }
+        Self { xa, dt, row0: b * dims.len, cd: dims.conv_dim(), x, b: b_col, c: c_col, hh, h, p, n }
     }
 
     /// Step `t`'s `x`, `B` and `C`, and its span of the `dt` row from dt to the decay.
@@ -491,7 +490,8 @@ impl<'a, T: HostFloat> HeadRows<'a, T> {
     fn rows(&self, t: usize) -> (&'a [T], &'a [T], &'a [T], &'a [T]) {
         let r = self.row0 + t;
         let row = &self.xa[r * self.cd..(r + 1) * self.cd];
-        let dts = &self.dt[r * self.dt_width + self.hh..=r * self.dt_width + self.h + self.hh];
+        let at = r * 3 * self.h + self.hh;
+        let dts = &self.dt[at..=at + self.h];
         (&row[self.x..self.x + self.p], &row[self.b..self.b + self.n], &row[self.c..self.c + self.n], dts)
     }
 
@@ -810,23 +810,22 @@ multiversion! {
                 let gb = &mut out.gbc[t * 2 * gn + gi * n..t * 2 * gn + (gi + 1) * n];
                 head_reverse(gh, gyv, x, bv, cv, decay, dtv, gb, &mut sb);
                 // y = h C + D x: x reaches y directly through D and the state through dt x B.
-                let gx = &mut gx_t[..];
                 if dims.d_per_channel {
                     let (dv, gd) = (&prm.d[hh * p..(hh + 1) * p], &mut out.gd[j * p..(j + 1) * p]);
-                    for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
+                    for ((((o, gdv), &dq), &gyq), (&xq, &sq)) in gx_t.iter_mut().zip(gd).zip(dv).zip(gyv).zip(x.iter().zip(&sb)) {
                         *o = dq * gyq + dtv * sq;
                         *gdv = *gdv + gyq * xq;
                     }
                 } else {
                     let dv = prm.d[hh];
-                    for ((o, &gyq), &sq) in gx.iter_mut().zip(gyv).zip(&sb) {
+                    for ((o, &gyq), &sq) in gx_t.iter_mut().zip(gyv).zip(&sb) {
                         *o = dv * gyq + dtv * sq;
                     }
                     out.gd[j] = out.gd[j] + dot(gyv, x);
                 }
                 // SAFETY: only this task writes the x columns of heads first..first + heads of
                 // entry b's rows.
-                unsafe { gxc.put((b * l + t) * cd + hh * p, gx) };
+                unsafe { gxc.put((b * l + t) * cd + hh * p, &gx_t) };
                 let xsb = dot(x, &sb);
                 g_log = g_log + q[t] - dtv * xsb;
                 // log decay = dt A: d/d dt = A, d/dA = dt.
@@ -1086,7 +1085,8 @@ pub(crate) fn build<T: HostFloat>(len: usize, chunk: usize, fill: impl Fn(usize,
 }
 
 /// A buffer that parallel tasks fill in disjoint pieces (a scan task its head's columns of
-/// every row), so that no task writes a buffer of its own to be gathered after.
+/// every row, a row task its block of rows in [`build_rows`]), so that no task writes a buffer
+/// of its own to be gathered after.
 pub(crate) struct Pieces<'a, T> {
     at: *mut T,
     len: usize,
@@ -1117,15 +1117,22 @@ impl<'a, T: Copy> Pieces<'a, T> {
     }
 }
 
-/// The raw starts of [`build_rows`]'s buffers, shared by its tasks, each of which writes only
-/// its own rows.
-struct Starts<T, const N: usize>([*mut T; N]);
-// SAFETY: the tasks write disjoint ranges (see `build_rows`), and the vectors outlive them.
-unsafe impl<T: Send, const N: usize> Sync for Starts<T, N> {}
-impl<T, const N: usize> Starts<T, N> {
-    /// A method rather than a field access, so that closures capture the whole (`Sync`) struct.
-    fn get(&self, k: usize) -> *mut T {
-        self.0[k]
+impl<T: HostFloat> Pieces<'_, T> {
+    /// Zeroes `len` values from `at` and hands them to the calling task to fill.
+    ///
+    /// # Safety
+    /// As [`Pieces::put`]: no other task reads or writes that range while the block lives.
+    // The block is part of the buffer the pieces borrow mutably, handed to one task each.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn zeroed(&self, at: usize, len: usize) -> &mut [T] {
+        assert!(at + len <= self.len, "block {at}+{len} outside a buffer of {}", self.len);
+        // SAFETY: inside the buffer (checked), and the caller owns the range; `T` is `f32` or
+        // `f64`, for which zero bytes are a valid value.
+        unsafe {
+            let p = self.at.add(at);
+            std::ptr::write_bytes(p, 0, len);
+            std::slice::from_raw_parts_mut(p, len)
+        }
     }
 }
 
@@ -1143,24 +1150,18 @@ pub(crate) fn build_rows<T: HostFloat, R: Send, const N: usize>(
 ) -> ([Vec<T>; N], Vec<R>) {
     let per_task = per_task.max(1);
     let mut bufs: [Vec<T>; N] = std::array::from_fn(|k| Vec::with_capacity(rows * widths[k]));
-    let starts: Starts<T, N> = Starts(std::array::from_fn(|k| bufs[k].as_mut_ptr()));
-    let parts = (0..rows.div_ceil(per_task))
-        .into_par_iter()
-        .map(|task| {
-            let (first, count) = (task * per_task, per_task.min(rows - task * per_task));
-            let blocks: [&mut [T]; N] = std::array::from_fn(|k| {
-                // SAFETY: rows `first..first + count` of buffer `k` lie inside its capacity of
-                // `rows * widths[k]` values, and no other task touches them. `T` is `Pod`, so the
-                // zeroed values are valid before `fill` writes them.
-                unsafe {
-                    let p = starts.get(k).add(first * widths[k]);
-                    std::ptr::write_bytes(p, 0, count * widths[k]);
-                    std::slice::from_raw_parts_mut(p, count * widths[k])
-                }
-            });
-            fill(first, blocks)
-        })
-        .collect();
+    let parts = {
+        let pieces = bufs.each_mut().map(|b| Pieces::uninit(b.spare_capacity_mut()));
+        (0..rows.div_ceil(per_task))
+            .into_par_iter()
+            .map(|task| {
+                let (first, count) = (task * per_task, per_task.min(rows - task * per_task));
+                // SAFETY: rows `first..first + count` of each buffer are this task's alone.
+                let blocks: [&mut [T]; N] = std::array::from_fn(|k| unsafe { pieces[k].zeroed(first * widths[k], count * widths[k]) });
+                fill(first, blocks)
+            })
+            .collect()
+    };
     for (buf, &width) in bufs.iter_mut().zip(&widths) {
         // SAFETY: the blocks cover every row, and each task initialised its own (a panic in a
         // task propagates before this line).

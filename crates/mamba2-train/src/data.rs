@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::calendar::parse_time;
 use crate::TrainError;
 
 /// A numeric table read from a CSV file: named columns, rows in file order.
@@ -14,6 +15,11 @@ pub struct Table {
     pub columns: Vec<String>,
     /// `rows[t][j]` is column `j` at row `t`.
     pub rows: Vec<Vec<f64>>,
+    /// Seconds since 1970-01-01 of each row, when the date column reads as dates (see
+    /// [`parse_time`]).
+    pub times: Option<Vec<i64>>,
+    /// The date column's name, if the file has one.
+    pub date_column: Option<String>,
 }
 
 /// Which columns to read.
@@ -90,10 +96,27 @@ impl Table {
             return Err(err("no numeric column to read".into()));
         }
         let mut rows = Vec::new();
-        for (lineno, line) in lines {
+        // Time stamps are kept when the first date cell reads as one; then every later cell must.
+        let mut times: Option<Vec<i64>> = None;
+        for (i, (lineno, line)) in lines.enumerate() {
             let cells = split_csv_line(line);
             if cells.len() != header.len() {
                 return Err(err(format!("line {}: {} cells, the header has {}", lineno + 1, cells.len(), header.len())));
+            }
+            if let Some(d) = date {
+                match (i, parse_time(&cells[d]), times.as_mut()) {
+                    (0, Some(t), _) => times = Some(vec![t]),
+                    (_, Some(t), Some(ts)) => ts.push(t),
+                    (_, None, Some(_)) => {
+                        return Err(err(format!(
+                            "line {}, column `{}`: `{}` is not a date like the rows before it",
+                            lineno + 1,
+                            header[d],
+                            cells[d]
+                        )))
+                    }
+                    _ => {}
+                }
             }
             let row = picked
                 .iter()
@@ -111,7 +134,7 @@ impl Table {
         if rows.is_empty() {
             return Err(err("header only: no data rows".into()));
         }
-        Ok(Self { columns: picked.iter().map(|&j| header[j].clone()).collect(), rows })
+        Ok(Self { columns: picked.iter().map(|&j| header[j].clone()).collect(), rows, times, date_column: date.map(|d| header[d].clone()) })
     }
 
     /// Column indices of `names`, in the given order.
@@ -330,6 +353,7 @@ mod tests {
         let t = Table::from_csv_str(csv, "inline", &ColumnChoice { date_column: Some("when".into()), columns: None }).unwrap();
         assert_eq!(t.columns, ["x", "y"]);
         assert_eq!(t.rows, vec![vec![1.5, 2.0], vec![2.5, 3.0]]);
+        assert_eq!(t.times, None, "years alone are not dates");
         let bad = "date,x\n1,2\n2,oops\n";
         let e = Table::from_csv_str(bad, "inline", &ColumnChoice::default()).unwrap_err();
         assert_eq!(e.to_string(), "inline: line 3, column `x`: `oops` is not a number");

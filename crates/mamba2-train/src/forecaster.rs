@@ -1,26 +1,80 @@
-//! The forecasting model: optional per-window instance normalisation (RevIN), a Mamba-2 over
-//! time, a head that reads the last position, and an optional linear skip over the lookback.
+//! The forecasting model: each predicted series is a sequence of its own (channel
+//! independence, weights shared), normalised by statistics of its own past only
+//! ([`features`](crate::features)), read by a Mamba-2 over time; at every row a linear head
+//! forecasts the next `H` values relative to the last one, in units of the rolling standard
+//! deviation, plus an optional learned daily (or weekly) cycle of each series.
+//!
+//! Because nothing in it looks at a whole window at once, the forecast after a row depends on
+//! the recurrent state and on the rolling statistics alone, so the model runs tick by tick
+//! ([`ForecastStream`](crate::ForecastStream)) with the same numbers as over a whole history.
 
-use burn::nn::Linear;
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
-use mamba2_model::{ConfigError, Mamba2Config, Mamba2State, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
+use burn::tensor::Element;
+use mamba2_model::{ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
 use serde::{Deserialize, Serialize};
+
+use crate::calendar::Calendar;
+use crate::features::{FeatureMap, HostBatch};
 
 /// What the forecaster reads and predicts, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForecastSpec {
-    /// Input rows per window, `L`.
+    /// Rows of history per training and evaluation window, `L`.
     pub lookback: usize,
     /// Predicted rows, `H` (1 for next-step).
     pub horizon: usize,
     /// Names of the input columns, in order.
     pub features: Vec<String>,
-    /// Names of the predicted columns (a subset of `features`), in order.
+    /// Names of the predicted columns (a subset of `features`), in order. The other features
+    /// are covariates that every predicted series reads.
     pub targets: Vec<String>,
-    /// Subtract each window's mean and divide by its std per channel, undo on the output.
-    pub revin: bool,
-    /// Add a linear map over the lookback (per target channel, shared) to the Mamba head.
-    pub linear_skip: bool,
+    /// Rows of the past that the rolling mean and standard deviation cover.
+    pub norm_window: usize,
+    /// Divide each series by its rolling standard deviation (and forecast in those units).
+    pub scale: bool,
+    /// Values of its own past that each row's input holds (1: the row's value alone).
+    pub patch: usize,
+    /// A linear map from each row's inputs (the patch, the calendar, the series' code) to the
+    /// forecast, beside the Mamba's head.
+    pub direct: bool,
+    /// The data's calendar, when its date column gave one: its cycles become inputs.
+    pub calendar: Option<Calendar>,
+    /// Length in rows of a learned additive cycle per series (CycleNet's recurrent cycle): the
+    /// forecast adds `Q[phase ahead] - Q[phase now]`, phases on the calendar's clock. 0: none.
+    pub cycle: usize,
+    /// A learned vector per series added to its inputs (through a one-hot code in the inputs),
+    /// so the shared model can tell the series apart.
+    pub series_embedding: bool,
+    /// Dropout probability on the stack's output before the head, in training.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Every series also reads every predicted series' current normalised value (channel
+    /// mixing at the input), not only the covariates.
+    #[serde(default)]
+    pub mix: bool,
+}
+
+impl ForecastSpec {
+    /// The learned cycle's length in rows, 0 when there is none.
+    pub fn cycle_period(&self) -> usize {
+        if self.calendar.is_some() {
+            self.cycle
+        } else {
+            0
+        }
+    }
+}
+
+/// Values of its own past each row's input holds, by default (fewer when the lookback is
+/// shorter). It is a fixed size, not the lookback: the work per row must not grow with `L`.
+pub const DEFAULT_PATCH: usize = 96;
+
+/// The default stack: `d_model` 32, one block, `d_state` 16, `headdim` 16, `expand` 2, chunks
+/// of 32 rows.
+pub fn default_backbone() -> Mamba2Config {
+    Mamba2Config::new(32, 1).with_d_state(16).with_headdim(16).with_expand(2).with_chunk_size(32)
 }
 
 /// The full configuration saved with a forecaster checkpoint.
@@ -32,41 +86,173 @@ pub struct ForecasterConfig {
     pub backbone: Mamba2Config,
 }
 
-/// The forecaster. Output at the last position: `[batch, horizon, n_targets]`.
+/// The forecaster; see the module documentation.
 #[derive(Module, Debug)]
 pub struct Forecaster<B: Backend> {
-    /// Mamba-2 from features to `horizon * n_targets` values per position.
+    /// `Linear(inputs -> d_model)`, the stack, and the head `Linear(d_model -> H)`.
     pub mamba: Mamba2TimeSeries<B>,
-    /// `Linear(lookback -> horizon)` over time, when `linear_skip`.
-    pub skip: Option<Linear<B>>,
+    /// Dropout before the head (a no-op outside training).
+    pub dropout: Dropout,
+    /// `Linear(n_feat -> H)` over the row's own inputs, when `direct`.
+    pub direct: Option<Linear<B>>,
+    /// `[n_targets * period]`, the learned cycle of each series, when `cycle`.
+    pub cycle: Option<Param<Tensor<B, 1>>>,
     #[module(skip)]
     spec: ForecastSpec,
     #[module(skip)]
     target_idx: Vec<usize>,
+    #[module(skip)]
+    covariate_idx: Vec<usize>,
 }
 
-const REVIN_EPS: f64 = 1e-5;
-
 impl ForecasterConfig {
-    /// A fresh model.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Forecaster<B>, ModelError> {
+    /// The default forecaster for a task (what `mamba2 train` builds without flags): see
+    /// `docs/forecasting.md` for how each value was chosen on the validation split.
+    pub fn defaults(lookback: usize, horizon: usize, features: Vec<String>, targets: Vec<String>, calendar: Option<Calendar>) -> Self {
+        ForecasterConfig {
+            spec: ForecastSpec {
+                lookback,
+                horizon,
+                features,
+                targets,
+                norm_window: (lookback / 2).max(1),
+                scale: false,
+                patch: DEFAULT_PATCH.min(lookback).max(1),
+                direct: true,
+                cycle: calendar.as_ref().map_or(0, |c| c.periods[0]),
+                calendar,
+                series_embedding: true,
+                dropout: 0.0,
+                mix: false,
+            },
+            backbone: default_backbone(),
+        }
+    }
+
+    /// Checks what a user (or a checkpoint's header) can get wrong, before anything is built;
+    /// returns each target's column among the features.
+    pub fn validate(&self) -> Result<Vec<usize>, ModelError> {
         let s = &self.spec;
-        let target_idx = s
-            .targets
+        let invalid = |name: &'static str, value: String, why: &'static str| ModelError::Config(ConfigError::Invalid { name, value, why });
+        for (name, v) in [("lookback", s.lookback), ("horizon", s.horizon), ("patch", s.patch), ("norm_window", s.norm_window)] {
+            if v == 0 {
+                return Err(ModelError::Config(ConfigError::Zero { name }));
+            }
+        }
+        if s.cycle == 1 {
+            return Err(invalid("cycle", "1".into(), "a cycle is at least 2 rows long (0: none)"));
+        }
+        if !(0.0..1.0).contains(&s.dropout) {
+            return Err(invalid("dropout", s.dropout.to_string(), "a dropout probability is at least 0 and below 1"));
+        }
+        if s.targets.is_empty() {
+            return Err(invalid("targets", String::new(), "at least one column is predicted"));
+        }
+        for (list, name) in [(&s.features, "features"), (&s.targets, "targets")] {
+            if let Some((_, c)) = list.iter().enumerate().find(|(i, c)| list[..*i].contains(c)) {
+                return Err(invalid(name, c.clone(), "each column may appear only once"));
+            }
+        }
+        self.backbone.validate()?;
+        s.targets
             .iter()
             .map(|t| {
-                s.features.iter().position(|f| f == t).ok_or_else(|| {
-                    ModelError::Config(ConfigError::Invalid {
-                        name: "targets",
-                        value: t.clone(),
-                        why: "each target must be one of the features",
-                    })
-                })
+                s.features
+                    .iter()
+                    .position(|f| f == t)
+                    .ok_or_else(|| invalid("targets", t.clone(), "each target must be one of the features"))
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mamba = TimeSeriesConfig::new(self.backbone.clone(), s.features.len(), s.horizon * s.targets.len()).init(device)?;
-        let skip = s.linear_skip.then(|| burn::nn::LinearConfig::new(s.lookback, s.horizon).init(device));
-        Ok(Forecaster { mamba, skip, spec: s.clone(), target_idx })
+            .collect()
+    }
+
+    /// A fresh model. Its head starts at zero, so an untrained model forecasts Repeat.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Forecaster<B>, ModelError> {
+        let s = &self.spec;
+        let target_idx = self.validate()?;
+        let covariate_idx = (0..s.features.len()).filter(|j| s.mix || !target_idx.contains(j)).collect::<Vec<_>>();
+        let n_feat = map_of(s, &target_idx, &covariate_idx).n_feat();
+        let mut mamba = TimeSeriesConfig::new(self.backbone.clone(), n_feat, s.horizon).init(device)?;
+        mamba.output_proj = zero_linear(self.backbone.d_model, s.horizon, device);
+        if s.series_embedding {
+            // The one-hot code's rows of the input projection are the embedding and take the
+            // bias's place (their sum is 1 on every row), without a broadcast over the rows.
+            mamba.input_proj.bias = None;
+        }
+        let cycle = (s.cycle_period() > 0).then(|| Param::from_tensor(Tensor::zeros([s.targets.len() * s.cycle_period()], device)));
+        let direct = s.direct.then(|| zero_linear(n_feat, s.horizon, device));
+        let dropout = DropoutConfig::new(s.dropout).init();
+        Ok(Forecaster { mamba, dropout, direct, cycle, spec: s.clone(), target_idx, covariate_idx })
+    }
+}
+
+fn zero_linear<B: Backend>(d_in: usize, d_out: usize, device: &B::Device) -> Linear<B> {
+    // No bias: the last value and the cycle give the forecast its offset, and a bias would be a
+    // broadcast over every forecast position.
+    Linear { weight: Param::from_tensor(Tensor::zeros([d_in, d_out], device)), bias: None }
+}
+
+fn map_of(s: &ForecastSpec, targets: &[usize], covariates: &[usize]) -> FeatureMap {
+    FeatureMap {
+        targets: targets.to_vec(),
+        covariates: covariates.to_vec(),
+        norm_window: s.norm_window,
+        patch: s.patch,
+        scale: s.scale,
+        calendar: s.calendar.clone(),
+        cycle_period: s.cycle_period(),
+        horizon: s.horizon,
+        series_code: s.series_embedding,
+    }
+}
+
+/// A [`HostBatch`] on a device.
+#[derive(Debug, Clone)]
+pub struct Batch<B: Backend> {
+    /// `[n_seq, len, n_feat]`.
+    pub inputs: Tensor<B, 3>,
+    /// `[n_seq, n_pos, 1]`: the last value at each forecast position.
+    pub level: Tensor<B, 3>,
+    /// `[n_seq, n_pos, H]`: the rolling standard deviation, repeated over the forecast steps
+    /// (Burn's CPU backends run a broadcast several times slower than an elementwise
+    /// operation); `None` where it is 1 everywhere (a model without scaling).
+    pub scale: Option<Tensor<B, 3>>,
+    /// `[n_seq * n_pos]`: the row `series * period + phase` of each forecast position in the
+    /// cycle's step table, when the model has a cycle.
+    pub cycle_now: Option<Tensor<B, 1, Int>>,
+    /// `[n_seq, n_pos, H]`: what followed each forecast position minus its last value, when
+    /// known: the target of [`Forecaster::forward_relative`].
+    pub truth_rel: Option<Tensor<B, 3>>,
+    /// Forecast positions per sequence.
+    pub n_pos: usize,
+    /// `[n_pos]`, the rows of the forecast positions, when they are not the last `n_pos` rows.
+    pub positions: Option<Tensor<B, 1, Int>>,
+}
+
+fn int_tensor<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
+}
+
+impl<E: Element> HostBatch<E> {
+    /// The batch as tensors on `device` (best built with `E` the backend's float type, which
+    /// then needs no conversion).
+    pub fn into_device<B: Backend>(self, horizon: usize, device: &B::Device) -> Batch<B> {
+        let (n, p, h) = (self.n_seq, self.n_pos, horizon);
+        let tensor = |v: Vec<E>, shape: [usize; 3]| Tensor::<B, 3>::from_data(TensorData::new(v, shape), device);
+        let scaled = self.scale.iter().any(|&s| s != 1.0);
+        let repeat = |v: &[f64]| v.iter().flat_map(|&x| std::iter::repeat_n(E::from_elem(x), h)).collect::<Vec<E>>();
+        let rel = |truth: &[f64]| {
+            truth.chunks(h).zip(&self.level).flat_map(|(t, &l)| t.iter().map(move |v| E::from_elem(v - l))).collect::<Vec<E>>()
+        };
+        Batch {
+            inputs: tensor(self.inputs, [n, self.len, self.n_feat]),
+            level: tensor(self.level.iter().map(|&v| E::from_elem(v)).collect(), [n, p, 1]),
+            scale: scaled.then(|| tensor(repeat(&self.scale), [n, p, h])),
+            cycle_now: (!self.cycle_now.is_empty()).then(|| int_tensor::<B>(&self.cycle_now, device)),
+            truth_rel: (!self.truth.is_empty()).then(|| tensor(rel(&self.truth), [n, p, h])),
+            n_pos: p,
+            positions: (self.every > 1)
+                .then(|| int_tensor::<B>(&(0..p).map(|j| (self.len - 1 - (p - 1 - j) * self.every) as i64).collect::<Vec<_>>(), device)),
+        }
     }
 }
 
@@ -81,68 +267,80 @@ impl<B: Backend> Forecaster<B> {
         &self.target_idx
     }
 
-    fn targets_of(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let idx = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(self.target_idx.iter().map(|&i| i as i64).collect::<Vec<_>>(), [self.target_idx.len()]),
-            &x.device(),
-        );
-        x.select(2, idx)
+    /// How this model's inputs are made from rows.
+    pub fn feature_map(&self) -> FeatureMap {
+        map_of(&self.spec, &self.target_idx, &self.covariate_idx)
     }
 
-    /// The forecast after each window.
+    /// The forecasts at a batch's forecast positions, in the scaled units of the data: the last
+    /// value plus [`forward_relative`](Self::forward_relative).
     ///
     /// # Shapes
-    /// - `x`: `[batch, L, n_features]`; output: `[batch, horizon, n_targets]`
-    pub fn forward(&self, x: Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError> {
-        let [batch, len, _] = x.dims();
-        let (h, t) = (self.spec.horizon, self.target_idx.len());
-        let (x, stats) = if self.spec.revin {
-            let mean = x.clone().mean_dim(1);
-            let centered = x - mean.clone();
-            let std = centered.clone().powi_scalar(2).mean_dim(1).add_scalar(REVIN_EPS).sqrt();
-            (centered / std.clone(), Some((mean, std)))
-        } else {
-            (x, None)
+    /// - output: `[n_seq, n_pos, H]`
+    pub fn forward(&self, batch: &Batch<B>) -> Result<Tensor<B, 3>, ModelError> {
+        Ok(self.forward_relative(batch)? + batch.level.clone())
+    }
+
+    /// The forecasts minus the last value: the heads' output (times the rolling standard
+    /// deviation, with scaling) plus the learned cycle's steps. Training fits this to
+    /// [`Batch::truth_rel`], so that the last value is never added and taken away again over
+    /// every forecast position.
+    ///
+    /// # Shapes
+    /// - output: `[n_seq, n_pos, H]`
+    pub fn forward_relative(&self, batch: &Batch<B>) -> Result<Tensor<B, 3>, ModelError> {
+        let [n, len, _] = batch.inputs.dims();
+        let (p, h) = (batch.n_pos, self.spec.horizon);
+        let last = |t: Tensor<B, 3>| match &batch.positions {
+            Some(rows) => t.select(1, rows.clone()),
+            None if p == len => t,
+            None => t.narrow(1, len - p, p),
         };
-        let (out, _) = self.mamba.forward(x.clone(), None)?;
-        let mut y = out.narrow(1, len - 1, 1).reshape([batch, h, t]);
-        if let Some(skip) = &self.skip {
-            // [batch, L, T] -> [batch, T, L] -> Linear over time -> [batch, T, H] -> [batch, H, T]
-            y = y + skip.forward(self.targets_of(x).swap_dims(1, 2)).swap_dims(1, 2);
+        let (hidden, _) = self.mamba.backbone.forward(self.mamba.input_proj.forward(batch.inputs.clone()), None)?;
+        let mut out = self.mamba.output_proj.forward(self.dropout.forward(last(hidden)));
+        if let Some(d) = &self.direct {
+            out = out + d.forward(last(batch.inputs.clone()));
         }
-        Ok(match stats {
-            Some((mean, std)) => y * self.targets_of(std) + self.targets_of(mean),
-            None => y,
-        })
+        if let Some(scale) = &batch.scale {
+            out = out * scale.clone();
+        }
+        if let (Some(q), Some(now)) = (&self.cycle, &batch.cycle_now) {
+            out = out + self.cycle_steps(q.val()).select(0, now.clone()).reshape([n, p, h]);
+        }
+        Ok(out)
     }
 
-    /// Online use (only for models without RevIN and without the linear skip, whose output
-    /// depends on the whole recurrent history and nothing else): the forecast after one more
-    /// row, and the state after it.
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, n_features]`; output: `[batch, horizon, n_targets]`
-    pub fn step(&self, x: Tensor<B, 2>, state: Mamba2State<B>) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
-        let [batch, _] = x.dims();
-        let (y, state) = self.mamba.step(x, state)?;
-        Ok((y.reshape([batch, self.spec.horizon, self.target_idx.len()]), state))
+    /// The learned cycle's step table (see [`cycle_steps`](Self::cycle_steps)), when the model
+    /// has a cycle.
+    pub fn cycle_table(&self) -> Option<Tensor<B, 2>> {
+        self.cycle.as_ref().map(|q| self.cycle_steps(q.val()))
     }
 
-    /// The forecast after the last of all rows given, run from a zero state: what
-    /// [`step`](Self::step) gives after the same rows.
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, rows, n_features]`; output: `[batch, horizon, n_targets]`
-    pub fn forward_history(&self, x: Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError> {
-        let [batch, len, _] = x.dims();
-        let (out, _) = self.mamba.forward(x, None)?;
-        Ok(out.narrow(1, len - 1, 1).reshape([batch, self.spec.horizon, self.target_idx.len()]))
+    /// The cycle's step table `[T * period, H]`: row `c * period + phase` holds
+    /// `Q[c, phase + k] - Q[c, phase]` for `k = 1..=H` (phases modulo the period). Selecting
+    /// whole rows keeps the gradient's scatter to one row per forecast position.
+    fn cycle_steps(&self, q: Tensor<B, 1>) -> Tensor<B, 2> {
+        let (t, per, h) = (self.target_idx.len(), self.spec.cycle_period(), self.spec.horizon);
+        let ahead: Vec<i64> = (0..t * per).flat_map(|r| (1..=h).map(move |k| ((r / per) * per + (r % per + k) % per) as i64)).collect();
+        let now: Vec<i64> = (0..t * per).flat_map(|r| std::iter::repeat_n(r as i64, h)).collect();
+        let device = q.device();
+        let steps = q.clone().select(0, int_tensor(&ahead, &device)) - q.select(0, int_tensor(&now, &device));
+        steps.reshape([t * per, h])
     }
 
-    /// Whether [`step`](Self::step) applies (no per-window normalisation, no window skip).
-    pub fn streamable(&self) -> bool {
-        !self.spec.revin && !self.spec.linear_skip
+    /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the
+    /// scaled units of the data: what [`ForecastStream`](crate::ForecastStream) gives after
+    /// the same rows. `clock` holds each row's calendar clock (ignored without a calendar).
+    pub fn forecast_history(&self, rows: &[Vec<f64>], clock: &[i64], device: &B::Device) -> Result<Vec<f64>, ModelError> {
+        let hb = self.feature_map().build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1);
+        let y = mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?);
+        Ok(series_major_to_rows(&y, self.target_idx.len(), self.spec.horizon))
     }
+}
+
+/// `[T, H]` (one forecast per series) to `[H, T]` (one row per forecast step).
+pub fn series_major_to_rows(y: &[f64], t: usize, h: usize) -> Vec<f64> {
+    (0..h).flat_map(|k| (0..t).map(move |c| y[c * h + k])).collect()
 }
 
 #[cfg(test)]
@@ -150,19 +348,29 @@ mod tests {
     use super::*;
     use burn::backend::NdArray;
 
+    fn spec(targets: &[&str]) -> ForecastSpec {
+        ForecastSpec {
+            lookback: 8,
+            horizon: 2,
+            features: vec!["a".into(), "b".into()],
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            norm_window: 8,
+            patch: 3,
+            direct: true,
+            scale: true,
+            calendar: Some(Calendar { interval: 3600, periods: vec![24, 168] }),
+            cycle: 24,
+            series_embedding: true,
+            dropout: 0.0,
+            mix: false,
+        }
+    }
+
     /// A target that is not among the features is a config error that names it, not a panic
     /// and not another kind of error.
     #[test]
     fn a_target_outside_the_features_is_a_config_error() {
-        let spec = ForecastSpec {
-            lookback: 8,
-            horizon: 2,
-            features: vec!["a".into(), "b".into()],
-            targets: vec!["b".into(), "OT".into()],
-            revin: true,
-            linear_skip: false,
-        };
-        let config = ForecasterConfig { spec, backbone: Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8) };
+        let config = ForecasterConfig { spec: spec(&["b", "OT"]), backbone: Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8) };
         match config.init::<NdArray<f32>>(&Default::default()) {
             Err(e @ ModelError::Config(ConfigError::Invalid { name: "targets", .. })) => {
                 assert!(e.to_string().contains("OT"), "{e}");
@@ -170,5 +378,16 @@ mod tests {
             Err(e) => panic!("wrong error: {e}"),
             Ok(_) => panic!("a forecaster with an unknown target was built"),
         }
+    }
+
+    /// An untrained model forecasts Repeat: the head and the cycle start at zero.
+    #[test]
+    fn an_untrained_model_forecasts_repeat() {
+        let config = ForecasterConfig { spec: spec(&["b"]), backbone: Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8) };
+        let model = config.init::<NdArray<f64>>(&Default::default()).unwrap();
+        let rows: Vec<Vec<f64>> = (0..20).map(|t| vec![t as f64, (t as f64 * 0.7).cos()]).collect();
+        let clock: Vec<i64> = (100..120).collect();
+        let y = model.forecast_history(&rows, &clock, &Default::default()).unwrap();
+        assert_eq!(y, vec![rows[19][1]; 2]);
     }
 }

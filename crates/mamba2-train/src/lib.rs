@@ -23,15 +23,19 @@
 //! assert!(mse > 0.0 && mae > 0.0);
 //! ```
 
+pub mod calendar;
 pub mod data;
+pub mod features;
 mod forecaster;
 mod memory;
 pub mod plot;
+mod stream;
 mod trainer;
 
-pub use forecaster::{ForecastSpec, Forecaster, ForecasterConfig};
+pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
 pub use memory::keep_freed_memory;
-pub use trainer::{batch_tensors, evaluate, train, EpochRecord, Prepared, RunDir, TrainConfig, TrainSummary};
+pub use stream::ForecastStream;
+pub use trainer::{evaluate, evaluate_continuous, train, train_step, EpochRecord, Loss, Prepared, RunDir, TrainConfig, TrainSummary};
 
 /// Everything that can stop a run, with the offending value in the message.
 #[derive(Debug, thiserror::Error)]

@@ -10,13 +10,12 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use mamba2_model::{load_checkpoint, save_checkpoint, write_atomically};
-use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError};
-use mamba2_tensor::from_f64_vec;
+use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError, StepReport};
 use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{ErrorSums, Scaler, Windows};
-use crate::forecaster::{Forecaster, ForecasterConfig};
+use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
 use crate::TrainError;
 
 /// Optimisation settings.
@@ -40,23 +39,52 @@ pub struct TrainConfig {
     pub patience: usize,
     /// Seed of the initialisation and of the window order.
     pub seed: u64,
-    /// Step between training window starts.
+    /// Step between training window starts; each epoch starts them at another offset, so that
+    /// over epochs every start is used.
     pub stride: usize,
+    /// The first row of a training window whose forecast is trained on: the model forecasts
+    /// after every row, and rows `loss_from..L` each contribute their forecast's error.
+    pub loss_from: usize,
+    /// Of those rows, the last and every `loss_every`-th before it contribute.
+    #[serde(default = "one")]
+    pub loss_every: usize,
+    /// What the optimizer minimises.
+    #[serde(default)]
+    pub loss: Loss,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// The training loss over every forecast position and step, in the data's scaled units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Loss {
+    /// Mean squared error.
+    Mse,
+    /// Mean absolute error.
+    Mae,
+    /// The sum of the two.
+    #[default]
+    MseMae,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            epochs: 4,
+            epochs: 10,
             batch_size: 32,
-            lr: 1e-3,
+            lr: 3e-3,
             min_lr: 1e-5,
             warmup_steps: 100,
             weight_decay: 0.01,
             max_grad_norm: Some(1.0),
             patience: 3,
             seed: 0,
-            stride: 1,
+            stride: 4,
+            loss_from: 0,
+            loss_every: 2,
+            loss: Loss::MseMae,
         }
     }
 }
@@ -73,6 +101,9 @@ impl TrainConfig {
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad("learning rate must be positive");
+        }
+        if self.loss_every == 0 {
+            return bad("loss every must be at least 1, got 0");
         }
         if self.stride == 0 {
             return bad("stride must be at least 1, got 0");
@@ -92,6 +123,8 @@ pub struct Prepared {
     pub ranges: [(usize, usize); 3],
     /// Indices of the target columns among the features.
     pub targets: Vec<usize>,
+    /// Each row's calendar clock (row numbers when the data has no calendar).
+    pub clock: Vec<i64>,
 }
 
 /// One epoch's record, written as a JSON line to `metrics.jsonl`.
@@ -160,32 +193,99 @@ fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     SplitMix64::new(seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03).permutation(n)
 }
 
-/// A batch of windows as tensors.
-pub fn batch_tensors<B: Backend>(w: &Windows, idx: &[usize], targets: &[usize], device: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>) {
-    let (x, y) = w.gather(idx, targets);
-    let c = w.rows[0].len();
-    (from_f64_vec(x, [idx.len(), w.lookback, c], device), from_f64_vec(y, [idx.len(), w.horizon, targets.len()], device))
+/// The training sequences of windows `idx` (each window's series), as tensors.
+fn train_batch<B: Backend>(
+    model: &Forecaster<B>,
+    data: &Prepared,
+    w: &Windows,
+    idx: &[usize],
+    (loss_from, every): (usize, usize),
+    device: &B::Device,
+) -> Batch<B> {
+    let starts: Vec<usize> = idx.iter().map(|&i| w.starts[i]).collect();
+    let span = w.lookback - loss_from.min(w.lookback - 1);
+    model
+        .feature_map()
+        .build::<B::FloatElem>(&data.rows, &data.clock, &starts, w.lookback, span.div_ceil(every), every)
+        .into_device(w.horizon, device)
 }
 
-/// MSE and MAE of `model` over `windows` in batches of `batch_size` (dropping the last partial
-/// batch when `drop_last`, as the protocol's test loader does).
+/// MSE and MAE of `model`'s forecast after each window of `w`, over all its targets and steps,
+/// in batches of `batch_size` windows (dropping the last partial batch when `drop_last`, as the
+/// protocol's test loader does). `clock` holds each row's calendar clock.
 pub fn evaluate<B: Backend>(
     model: &Forecaster<B>,
     w: &Windows,
-    targets: &[usize],
+    clock: &[i64],
     batch_size: usize,
     drop_last: bool,
     device: &B::Device,
 ) -> Result<(f64, f64), TrainError> {
     let n = if drop_last { w.len() / batch_size * batch_size } else { w.len() };
     let mut sums = ErrorSums::default();
-    let idx: Vec<usize> = (0..n).collect();
-    for chunk in idx.chunks(batch_size) {
-        let (x, y) = batch_tensors::<B>(w, chunk, targets, device);
-        let pred = model.forward(x)?;
-        sums.add(&mamba2_tensor::compare::to_f64_vec(pred), &mamba2_tensor::compare::to_f64_vec(y));
+    let starts: Vec<usize> = w.starts[..n].to_vec();
+    for chunk in starts.chunks(batch_size) {
+        let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1);
+        let truth = hb.truth.clone();
+        let pred = model.forward(&hb.into_device(w.horizon, device))?;
+        sums.add(&mamba2_tensor::compare::to_f64_vec(pred), &truth);
     }
     Ok(sums.mse_mae())
+}
+
+/// MSE and MAE of the forecasts that `stream` makes when it reads `rows` from the first row on:
+/// the forecast after each row `r` in `range.0 + L - 1 .. range.1 - H` (the last rows of the
+/// windows [`evaluate`] reads) from the state carried since row 0, instead of from a fresh
+/// window of `L` rows.
+pub fn evaluate_continuous<B: Backend>(
+    model: &Forecaster<B>,
+    rows: &[Vec<f64>],
+    clock: &[i64],
+    range: (usize, usize),
+    device: &B::Device,
+) -> Result<(f64, f64), TrainError> {
+    let (l, h) = (model.spec().lookback, model.spec().horizon);
+    let (first, end) = (range.0 + l - 1, range.1 - h);
+    if end <= first {
+        return Err(TrainError::Config { why: format!("rows {}..{} hold no window of lookback {l} and horizon {h}", range.0, range.1) });
+    }
+    // One history, rows 0..end, forecasts at its last end - first rows.
+    let hb = model.feature_map().build::<B::FloatElem>(rows, clock, &[0], end, end - first, 1);
+    let truth = hb.truth.clone();
+    let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(h, device))?);
+    let mut sums = ErrorSums::default();
+    sums.add(&pred, &truth);
+    Ok(sums.mse_mae())
+}
+
+/// One optimizer step on `batch` (which must hold its truth): forward, the mean squared error
+/// over every forecast position and step, backward, AdamW at `lr`. Returns the model after the
+/// step, the loss before it, and the optimizer's report.
+pub fn train_step<B: AutodiffBackend>(
+    model: Forecaster<B>,
+    optim: &mut AdamW<B>,
+    batch: &Batch<B>,
+    lr: f64,
+    kind: Loss,
+) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
+    let truth =
+        batch.truth_rel.clone().ok_or_else(|| TrainError::Config { why: "a training batch needs the values that follow it".into() })?;
+    let err = model.forward_relative(batch)? - truth;
+    let loss = match kind {
+        Loss::Mse => err.powi_scalar(2).mean(),
+        Loss::Mae => err.abs().mean(),
+        Loss::MseMae => err.clone().powi_scalar(2).mean() + err.abs().mean(),
+    };
+    let value = loss_value(&loss);
+    if !value.is_finite() {
+        return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
+    }
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let (next, report) = optim.step(lr, model, grads).map_err(|e| match e {
+        OptimError::NonFinite { path, step } => TrainError::NonFinite { step, what: format!("gradient of {path}") },
+        other => other.into(),
+    })?;
+    Ok((next, value, report))
 }
 
 fn write_metrics(path: &Path, history: &[EpochRecord]) -> Result<(), TrainError> {
@@ -211,9 +311,16 @@ pub fn train<B: AutodiffBackend>(
     tc.validate()?;
     std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
     let (l, h) = (config.spec.lookback, config.spec.horizon);
-    let train_w = Windows::new(&data.rows, data.ranges[0], l, h, tc.stride)?;
+    let train_w = Windows::new(&data.rows, data.ranges[0], l, h, 1)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;
-    let steps_per_epoch = train_w.len().div_ceil(tc.batch_size);
+    let per_epoch = |epoch: usize| -> Vec<usize> {
+        // Window starts offset..len step stride, offset drawn per epoch: each epoch sees a
+        // different 1/stride of the windows, in an order that is a function of (seed, epoch).
+        let offset = permutation(tc.stride, tc.seed ^ 0x5EED, epoch)[0];
+        let picked: Vec<usize> = (offset..train_w.len()).step_by(tc.stride).collect();
+        permutation(picked.len(), tc.seed, epoch).into_iter().map(|i| picked[i]).collect()
+    };
+    let steps_per_epoch = train_w.len().div_ceil(tc.stride).div_ceil(tc.batch_size);
     let schedule = LrSchedule::WarmupCosine {
         peak: tc.lr,
         floor: tc.min_lr,
@@ -262,36 +369,30 @@ pub fn train<B: AutodiffBackend>(
             break;
         }
         let start = Instant::now();
-        let order = permutation(train_w.len(), tc.seed, epoch);
-        let (mut loss_sum, mut norm_sum, mut lr) = (0.0, 0.0, 0.0);
+        let order = per_epoch(epoch);
+        let (mut loss_sum, mut norm_sum, mut lr, mut steps) = (0.0, 0.0, 0.0, 0usize);
         for idx in order.chunks(tc.batch_size) {
-            let (x, y) = batch_tensors::<B>(&train_w, idx, &data.targets, device);
-            let pred = model.forward(x)?;
-            let loss = (pred - y).powi_scalar(2).mean();
-            let value = loss_value(&loss);
-            if !value.is_finite() {
-                return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
-            }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let batch = train_batch(&model, data, &train_w, idx, (tc.loss_from, tc.loss_every), device);
             lr = schedule.lr_at(optim.steps());
-            let (next, report) = optim.step(lr, model, grads).map_err(|e| match e {
-                OptimError::NonFinite { path, step } => TrainError::NonFinite { step, what: format!("gradient of {path}") },
-                other => other.into(),
-            })?;
+            // Dropout draws from the backend's generator: seeded per step, so that a resumed run
+            // draws what an uninterrupted one would.
+            B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+            let (next, value, report) = train_step(model, &mut optim, &batch, lr, tc.loss)?;
             model = next;
             loss_sum += value * idx.len() as f64;
             norm_sum += report.grad_norm;
+            steps += 1;
         }
         let valid = model.valid();
-        let (val_mse, val_mae) = evaluate(&valid, &val_w, &data.targets, tc.batch_size, false, device)?;
+        let (val_mse, val_mae) = evaluate(&valid, &val_w, &data.clock, tc.batch_size, false, device)?;
         let record = EpochRecord {
             epoch,
             step: optim.steps(),
-            train_loss: loss_sum / train_w.len() as f64,
+            train_loss: loss_sum / order.len() as f64,
             val_mse,
             val_mae,
             lr,
-            grad_norm: norm_sum / steps_per_epoch as f64,
+            grad_norm: norm_sum / steps.max(1) as f64,
             seconds: start.elapsed().as_secs_f64(),
         };
         log(&serde_json::to_string(&record).expect("serialisable"));

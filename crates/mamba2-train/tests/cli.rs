@@ -17,7 +17,8 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// `rows` rows of three smooth, noisy series with a date column.
+/// `rows` rows of three smooth, noisy series with an hourly date column (so that models read
+/// its calendar).
 fn synthetic_csv(rows: usize) -> String {
     let mut s = String::from("date,a,b,c\n");
     let mut state = 99u64;
@@ -26,7 +27,8 @@ fn synthetic_csv(rows: usize) -> String {
         let noise = ((state >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.2;
         let tf = t as f64;
         s += &format!(
-            "2020-01-01 {t:05},{},{},{}\n",
+            "{},{},{},{}\n",
+            crate::forecast::stamp(1_577_836_800 + 3600 * t as i64),
             (tf * 0.3).sin() + noise,
             (tf * 0.11).cos() * 2.0 + noise,
             0.5 * (tf * 0.3 - 1.0).sin() + 0.01 * tf
@@ -150,6 +152,13 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
             vec!["train", "--data", g, "--d-model", "10", "--headdim", "3", "--lookback", "12", "--horizon", "3"],
             "headdim must divide",
         ),
+        ("patch 0", vec!["train", "--data", g, "--patch", "0", "--lookback", "12", "--horizon", "3"], "patch must be at least 1"),
+        ("lookback 0", vec!["train", "--data", g, "--lookback", "0", "--horizon", "3"], "lookback must be at least 1"),
+        (
+            "a target named twice",
+            vec!["train", "--data", g, "--targets", "a,a", "--lookback", "12", "--horizon", "3"],
+            "each column may appear only once",
+        ),
         ("bad split fractions", vec!["train", "--data", g, "--split", "0.9,0.5", "--lookback", "12", "--horizon", "3"], "split fractions"),
         (
             "truncated checkpoint",
@@ -173,7 +182,6 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
             vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", header_only.to_str().unwrap(), "--dtype", "f64"],
             "unknown column",
         ),
-        ("stream with a windowed model", vec!["stream", "--checkpoint", ckpt.to_str().unwrap()], "--no-revin --no-linear-skip"),
         (
             "unwritable output directory",
             vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out", &format!("{}/sub", a_file.to_str().unwrap())],
@@ -286,7 +294,7 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
     let csv_text = synthetic_csv(400);
     let csv = dir.join("data.csv");
     std::fs::write(&csv, &csv_text).unwrap();
-    let o = train_tiny(&dir, &csv, &["--no-revin", "--no-linear-skip"]);
+    let o = train_tiny(&dir, &csv, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let ckpt = dir.join("run/best.ckpt");
 

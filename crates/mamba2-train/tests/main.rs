@@ -4,4 +4,5 @@
 //! name: `cargo test -p mamba2-train --test integration cli::`.
 
 mod cli;
+mod forecast;
 mod protocol;

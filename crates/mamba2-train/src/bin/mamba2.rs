@@ -11,12 +11,12 @@ use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use mamba2_model::{load_checkpoint, Loaded, Mamba2Config};
+use mamba2_model::{load_checkpoint, Loaded};
 use mamba2_tensor::compare::to_f64_vec;
-use mamba2_tensor::from_f64_vec;
+use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
 use mamba2_train::plot::{line_chart, Series};
-use mamba2_train::{evaluate, train, ForecastSpec, Forecaster, ForecasterConfig, Prepared, RunDir, TrainConfig};
+use mamba2_train::{evaluate, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig};
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
 const ETTH1: &str = include_str!("../../../../data/ett/ETTh1.csv");
@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a forecaster (defaults: ETTh1, L 96, H 96, all 7 series).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Metrics of a checkpoint on every window of a CSV.
     Eval(UseArgs),
     /// The next H rows after the last rows of a CSV.
@@ -45,6 +45,13 @@ enum Command {
 enum DeviceArg {
     Cpu,
     Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum LossArg {
+    Mse,
+    Mae,
+    MseMae,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -89,42 +96,95 @@ struct TrainArgs {
     /// Row borders `train_end,val_end,test_end` (overrides --split).
     #[arg(long, value_delimiter = ',')]
     borders: Option<Vec<usize>>,
-    /// Lookback L.
+    /// Lookback L: rows of history per training and evaluation window.
     #[arg(long, default_value_t = 96)]
     lookback: usize,
     /// Horizon H (1: next-step).
     #[arg(long, default_value_t = 96)]
     horizon: usize,
-    #[arg(long, default_value_t = 64)]
-    d_model: usize,
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    #[arg(long, default_value_t = 16)]
-    d_state: usize,
-    #[arg(long, default_value_t = 16)]
-    headdim: usize,
-    #[arg(long, default_value_t = 2)]
-    expand: usize,
-    #[arg(long, default_value_t = 32)]
-    chunk_size: usize,
-    #[arg(long, default_value_t = 4)]
+    /// Width of the Mamba-2 stack [default: 32].
+    #[arg(long)]
+    d_model: Option<usize>,
+    /// Mamba-2 blocks [default: 1].
+    #[arg(long)]
+    layers: Option<usize>,
+    /// State size per channel [default: 16].
+    #[arg(long)]
+    d_state: Option<usize>,
+    /// Channels per head [default: 16].
+    #[arg(long)]
+    headdim: Option<usize>,
+    /// d_inner = expand * d_model [default: 2].
+    #[arg(long)]
+    expand: Option<usize>,
+    /// Chunk length of the chunked scan [default: 32].
+    #[arg(long)]
+    chunk_size: Option<usize>,
+    /// Values of its own past each row's input holds [default: 96, or L when shorter].
+    #[arg(long)]
+    patch: Option<usize>,
+    /// No linear map from the patch to the forecast beside the Mamba's head.
+    #[arg(long)]
+    no_direct: bool,
+    /// Rows of the past the rolling mean (and std) cover [default: L / 2].
+    #[arg(long)]
+    norm_window: Option<usize>,
+    /// Divide each series by its rolling standard deviation too, and forecast in those units.
+    #[arg(long)]
+    scale: bool,
+    /// Do not read calendar cycles from the date column.
+    #[arg(long)]
+    no_calendar: bool,
+    /// Length in rows of the learned per-series cycle, 0 for none [default: a day for data
+    /// sampled within a day, else a week; none without a calendar].
+    #[arg(long)]
+    cycle: Option<usize>,
+    /// No learned per-series embedding.
+    #[arg(long)]
+    no_series_embedding: bool,
+    /// Every series also reads every predicted series' current value (channel mixing).
+    #[arg(long)]
+    mix: bool,
+    /// Dropout before the head.
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    /// Most passes over the training windows (early stopping may end the run sooner).
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
     epochs: usize,
-    #[arg(long, default_value_t = 32)]
+    /// Windows per batch (each window's series are sequences of their own).
+    #[arg(long, default_value_t = TrainConfig::default().batch_size)]
     batch_size: usize,
-    #[arg(long, default_value_t = 1e-3)]
+    /// Peak learning rate (warmup, then cosine decay).
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
     lr: f64,
-    #[arg(long, default_value_t = 0.01)]
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = TrainConfig::default().weight_decay)]
     weight_decay: f64,
-    #[arg(long, default_value_t = 3)]
+    /// Stop after this many epochs without a better validation MSE.
+    #[arg(long, default_value_t = TrainConfig::default().patience)]
     patience: usize,
+    /// Seed of the initialisation, the window order and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// No per-window instance normalisation (needed for `stream`).
+    /// Train once per seed (comma separated) into --out/seed-N and print the test metrics'
+    /// mean and standard deviation.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Option<Vec<u64>>,
+    /// Do not evaluate the test split (for choosing settings on the validation split).
     #[arg(long)]
-    no_revin: bool,
-    /// No linear skip over the lookback (needed for `stream`).
-    #[arg(long)]
-    no_linear_skip: bool,
+    no_test: bool,
+    /// Training loss.
+    #[arg(long, value_enum, default_value = "mse-mae")]
+    loss: LossArg,
+    /// Step between training window starts (each epoch starts them at another offset).
+    #[arg(long, default_value_t = TrainConfig::default().stride)]
+    stride: usize,
+    /// First row of a training window whose forecast is trained on.
+    #[arg(long, default_value_t = 0)]
+    loss_from: usize,
+    /// Of those rows, the last and every N-th before it are trained on.
+    #[arg(long, default_value_t = TrainConfig::default().loss_every)]
+    loss_every: usize,
     /// Output directory (checkpoints, metrics.jsonl, plots).
     #[arg(long, default_value = "runs/etth1")]
     out: PathBuf,
@@ -140,6 +200,10 @@ struct UseArgs {
     /// A checkpoint written by `mamba2 train` (best.ckpt or last.ckpt).
     #[arg(long)]
     checkpoint: PathBuf,
+    /// eval: also score the forecasts that `stream` makes reading the file from its first row,
+    /// for the windows that end at or after this row.
+    #[arg(long)]
+    continuous_from: Option<usize>,
     #[command(flatten)]
     data: DataArgs,
     #[command(flatten)]
@@ -203,16 +267,31 @@ macro_rules! with_model {
     };
 }
 
-fn published(h: usize) -> Option<[(&'static str, f64, f64); 6]> {
+/// Published ETTh1 results at L 96 (MSE, MAE), best first; sources in docs/forecasting.md.
+fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
+    // The S-Mamba paper's table, every horizon.
     let row = match h {
         96 => [0.386, 0.405, 0.386, 0.405, 0.386, 0.395, 0.414, 0.419, 0.384, 0.402, 0.386, 0.400],
         192 => [0.443, 0.437, 0.441, 0.436, 0.437, 0.424, 0.460, 0.445, 0.436, 0.429, 0.437, 0.432],
         336 => [0.489, 0.468, 0.487, 0.458, 0.479, 0.446, 0.501, 0.466, 0.491, 0.469, 0.481, 0.459],
         720 => [0.502, 0.489, 0.503, 0.491, 0.481, 0.470, 0.500, 0.488, 0.521, 0.500, 0.519, 0.516],
-        _ => return None,
+        _ => return Vec::new(),
     };
     let names = ["S-Mamba", "iTransformer", "RLinear", "PatchTST", "TimesNet", "DLinear"];
-    Some(std::array::from_fn(|i| (names[i], row[2 * i], row[2 * i + 1])))
+    let mut out: Vec<(&str, f64, f64)> = (0..6).map(|i| (names[i], row[2 * i], row[2 * i + 1])).collect();
+    if h == 96 {
+        // Newer results, from the models' own repositories or copies of their tables.
+        out.extend([
+            ("OLinear", 0.360, 0.382),
+            ("TimeMixer++", 0.361, 0.403),
+            ("TimeMachine", 0.364, 0.387),
+            ("TQNet", 0.371, 0.393),
+            ("CycleNet", 0.375, 0.395),
+            ("TimeMixer", 0.375, 0.400),
+        ]);
+    }
+    out.sort_by(|a, b| a.1.total_cmp(&b.1));
+    out
 }
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
@@ -231,23 +310,25 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let ranges = split.ranges(table.rows.len(), a.lookback)?;
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1]);
     let rows = scaler.transform(&table.rows);
-    let backbone = Mamba2Config::new(a.d_model, a.layers)
-        .with_d_state(a.d_state)
-        .with_headdim(a.headdim)
-        .with_expand(a.expand)
-        .with_chunk_size(a.chunk_size);
-    backbone.validate()?;
-    let config = ForecasterConfig {
-        spec: ForecastSpec {
-            lookback: a.lookback,
-            horizon: a.horizon,
-            features,
-            targets,
-            revin: !a.no_revin,
-            linear_skip: !a.no_linear_skip,
-        },
-        backbone,
-    };
+    let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
+    let clock = clock_of(&table, calendar.as_ref());
+    let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, features, targets, calendar);
+    let (spec, bb) = (&mut config.spec, &mut config.backbone);
+    bb.d_model = a.d_model.unwrap_or(bb.d_model);
+    bb.n_layer = a.layers.unwrap_or(bb.n_layer);
+    bb.d_state = a.d_state.unwrap_or(bb.d_state);
+    bb.headdim = a.headdim.unwrap_or(bb.headdim);
+    bb.expand = a.expand.unwrap_or(bb.expand);
+    bb.chunk_size = a.chunk_size.unwrap_or(bb.chunk_size);
+    spec.patch = a.patch.unwrap_or(spec.patch);
+    spec.direct = !a.no_direct;
+    spec.norm_window = a.norm_window.unwrap_or(spec.norm_window);
+    spec.scale = a.scale;
+    spec.cycle = if spec.calendar.is_some() { a.cycle.unwrap_or(spec.cycle) } else { 0 };
+    spec.series_embedding = !a.no_series_embedding;
+    spec.mix = a.mix;
+    spec.dropout = a.dropout;
+    config.validate()?;
     let tc = TrainConfig {
         epochs: a.epochs,
         batch_size: a.batch_size,
@@ -255,54 +336,115 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         weight_decay: a.weight_decay,
         patience: a.patience,
         seed: a.seed,
+        stride: a.stride,
+        loss_from: a.loss_from,
+        loss_every: a.loss_every,
+        loss: match a.loss {
+            LossArg::Mse => Loss::Mse,
+            LossArg::Mae => Loss::Mae,
+            LossArg::MseMae => Loss::MseMae,
+        },
         ..TrainConfig::default()
     };
     tc.validate()?;
-    let data = Prepared { rows, scaler, ranges, targets: target_idx.clone() };
+    let data = Prepared { rows, scaler, ranges, targets: target_idx.clone(), clock };
     // Check that every split has windows before any work is done.
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
         Windows::new(&data.rows, r, a.lookback, a.horizon, 1).with_context(|| format!("{name} split"))?;
     }
-    let dir = RunDir(a.out.clone());
-    if !a.resume && dir.last().exists() {
-        bail!("{} already holds a run; pass --resume to continue it or choose another --out", a.out.display());
+    let seeds = a.seeds.clone().unwrap_or_else(|| vec![a.seed]);
+    let dirs: Vec<PathBuf> =
+        if seeds.len() > 1 { seeds.iter().map(|s| a.out.join(format!("seed-{s}"))).collect() } else { vec![a.out.clone()] };
+    for d in &dirs {
+        if !a.resume && RunDir(d.clone()).last().exists() {
+            bail!("{} already holds a run; pass --resume to continue it or choose another --out", d.display());
+        }
     }
+    let mut results = Vec::new();
+    for (&seed, out) in seeds.iter().zip(&dirs) {
+        if seeds.len() > 1 {
+            println!("== seed {seed} ({})", out.display());
+        }
+        let tc = TrainConfig { seed, ..tc.clone() };
+        results.push(train_one(&a, &config, &tc, &data, out, is_etth1)?);
+    }
+    if seeds.len() > 1 && !a.no_test {
+        let stats = |f: fn(&(f64, f64)) -> f64| {
+            let v: Vec<f64> = results.iter().map(f).collect();
+            let m = v.iter().sum::<f64>() / v.len() as f64;
+            let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt();
+            (m, sd)
+        };
+        let ((mm, ms), (am, as_)) = (stats(|r| r.0), stats(|r| r.1));
+        println!();
+        println!(
+            "test over {} seeds ({}): MSE {mm:.4} +- {ms:.4}  MAE {am:.4} +- {as_:.4} (mean +- sample std)",
+            seeds.len(),
+            seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        let json = serde_json::json!({"seeds": seeds, "test_mse": results.iter().map(|r| r.0).collect::<Vec<_>>(), "test_mae": results.iter().map(|r| r.1).collect::<Vec<_>>(), "mse_mean": mm, "mse_std": ms, "mae_mean": am, "mae_std": as_});
+        mamba2_model::write_atomically(&a.out.join("seeds.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// One training run into `out`, then its test metrics (printed, and returned as (MSE, MAE);
+/// NaN with `--no-test`).
+fn train_one(
+    a: &TrainArgs,
+    config: &ForecasterConfig,
+    tc: &TrainConfig,
+    data: &Prepared,
+    out: &Path,
+    is_etth1: bool,
+) -> Result<(f64, f64)> {
+    let dir = RunDir(out.to_path_buf());
     let started = std::time::Instant::now();
+    let ranges = data.ranges;
     with_backend!(a.backend, B, {
         let device = Default::default();
-        let summary = train::<B>(&config, &tc, &data, &dir, a.resume, &device, |line| println!("{line}"))?;
+        let summary = train::<B>(config, tc, data, &dir, a.resume, &device, |line| println!("{line}"))?;
         let loaded =
             load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
                 c.init(d)
             })?;
         let test = Windows::new(&data.rows, ranges[2], a.lookback, a.horizon, 1)?;
-        let (mse, mae) = evaluate(&loaded.module, &test, &target_idx, 32, true, &device)?;
-        let (rmse, rmae) = repeat_baseline(&test, &target_idx, 32);
-        let secs = started.elapsed().as_secs_f64();
         println!();
         println!(
-            "best epoch {} of {}{}; wall time {:.0} s",
+            "best epoch {} of {}{}",
             summary.best_epoch,
             summary.history.len(),
             if summary.stopped_early { " (early stop)" } else { "" },
-            secs
         );
+        if a.no_test {
+            let secs = started.elapsed().as_secs_f64();
+            println!("wall time {secs:.0} s; test split not evaluated (--no-test)");
+            let summary_json =
+                serde_json::json!({"best_epoch": summary.best_epoch, "epochs_run": summary.history.len(), "wall_seconds": secs});
+            mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
+            return Ok((f64::NAN, f64::NAN));
+        }
+        let (mse, mae) = evaluate(&loaded.module, &test, &data.clock, 32, true, &device)?;
+        let (rmse, rmae) = repeat_baseline(&test, &data.targets, 32);
+        let secs = started.elapsed().as_secs_f64();
+        println!("wall time {secs:.0} s");
         println!("test (L {}, H {}, {} windows, batch 32, last partial batch dropped):", a.lookback, a.horizon, test.len() / 32 * 32);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "mamba2", mse, mae);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
         if is_etth1 && a.lookback == 96 && config.spec.targets.len() == 7 {
-            if let Some(rows) = published(a.horizon) {
-                println!("published (ETTh1, L 96):");
+            let rows = published(a.horizon);
+            if !rows.is_empty() {
+                println!("published (ETTh1, L 96; sources in docs/forecasting.md):");
                 for (name, m, e) in rows {
                     println!("  {name:<14} MSE {m:.3}  MAE {e:.3}");
                 }
             }
         }
         let summary_json = serde_json::json!({"test_mse": mse, "test_mae": mae, "repeat_mse": rmse, "repeat_mae": rmae, "best_epoch": summary.best_epoch, "epochs_run": summary.history.len(), "wall_seconds": secs});
-        mamba2_model::write_atomically(&a.out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
-        plots(&a.out, &summary.history, &loaded.module, &test, &target_idx, &device)?;
-    });
-    Ok(())
+        mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
+        plots(out, &summary.history, &loaded.module, &test, &data.clock, &device)?;
+        Ok((mse, mae))
+    })
 }
 
 /// loss.png: train (blue) and validation (orange) loss per epoch; forecast.png: the last target
@@ -312,7 +454,7 @@ fn plots<B: burn::prelude::Backend>(
     history: &[mamba2_train::EpochRecord],
     model: &Forecaster<B>,
     test: &Windows,
-    targets: &[usize],
+    clock: &[i64],
     device: &B::Device,
 ) -> Result<()> {
     let train: Vec<f64> = history.iter().map(|r| r.train_loss).collect();
@@ -323,11 +465,12 @@ fn plots<B: burn::prelude::Backend>(
         640,
         360,
     )?;
-    let (x, y) = mamba2_train::batch_tensors::<B>(test, &[0], targets, device);
-    let pred = to_f64_vec(model.forward(x)?);
-    let truth = to_f64_vec(y);
-    let t = targets.len();
-    let col = |v: &[f64]| v.iter().skip(t - 1).step_by(t).copied().collect::<Vec<_>>();
+    let hb = model.feature_map().build::<B::FloatElem>(test.rows, clock, &test.starts[..1], test.lookback, 1, 1);
+    let truth = hb.truth.clone();
+    let pred = to_f64_vec(model.forward(&hb.into_device(test.horizon, device))?);
+    // Sequences are series-major: the last target's forecast is the last H values.
+    let h = test.horizon;
+    let col = |v: &[f64]| v[v.len() - h..].to_vec();
     line_chart(
         &out.join("forecast.png"),
         &[Series { values: &col(&truth), rgb: [0, 0, 0] }, Series { values: &col(&pred), rgb: [214, 39, 40] }],
@@ -347,23 +490,40 @@ fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Res
     Ok((module, scaler, spec))
 }
 
+/// Each row's calendar clock: whole sampling intervals since the epoch where the data has a
+/// calendar, else row numbers.
+fn clock_of(table: &Table, calendar: Option<&Calendar>) -> Vec<i64> {
+    match (calendar, &table.times) {
+        (Some(cal), Some(times)) => times.iter().map(|&t| cal.clock(t)).collect(),
+        _ => (0..table.rows.len() as i64).collect(),
+    }
+}
+
 /// The rows of `--data` (or the embedded data) in the model's feature columns, scaled as in
-/// training.
-fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<Vec<Vec<f64>>> {
+/// training, and their calendar clock.
+fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Vec<Vec<f64>>, Vec<i64>)> {
     let (table, _) = load_table(d, Some(spec.features.clone()))?;
+    if spec.calendar.is_some() && table.times.is_none() {
+        bail!("the model reads calendar cycles from a date column; this data has none that reads as dates");
+    }
     let idx = table.indices(&spec.features)?;
     let rows: Vec<Vec<f64>> = table.rows.iter().map(|r| idx.iter().map(|&j| r[j]).collect()).collect();
-    Ok(scaler.transform(&rows))
+    Ok((scaler.transform(&rows), clock_of(&table, spec.calendar.as_ref())))
 }
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
-        let rows = scaled_rows(&a.data, &spec, &scaler)?;
+        let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
-        let (mse, mae) = evaluate(&model, &w, targets, 32, false, &device)?;
+        let (mse, mae) = evaluate(&model, &w, &clock, 32, false, &device)?;
         let (rmse, rmae) = repeat_baseline(&w, targets, 1);
         println!("{} windows (normalised units): mamba2 MSE {mse:.6} MAE {mae:.6}; Repeat MSE {rmse:.6} MAE {rmae:.6}", w.len());
+        if let Some(from) = a.continuous_from {
+            let (cm, ca) =
+                mamba2_train::evaluate_continuous(&model, &rows, &clock, (from.saturating_sub(spec.lookback), rows.len()), &device)?;
+            println!("streamed from row 0, forecasts after rows {}..: mamba2 MSE {cm:.6} MAE {ca:.6}", from.saturating_sub(1));
+        }
     });
     Ok(())
 }
@@ -380,58 +540,60 @@ fn print_forecast(out: &mut impl Write, pred: &[f64], targets: &[usize], scaler:
 
 fn cmd_predict(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
-        let rows = scaled_rows(&a.data, &spec, &scaler)?;
-        // A streamable model reads the whole history (what `stream` sees); the others the last L rows.
-        let used: &[Vec<f64>] = if model.streamable() {
-            &rows
-        } else {
-            if rows.len() < spec.lookback {
-                bail!("{} rows given, the model needs at least lookback = {}", rows.len(), spec.lookback);
-            }
-            &rows[rows.len() - spec.lookback..]
-        };
-        let flat: Vec<f64> = used.iter().flatten().copied().collect();
-        let x = from_f64_vec::<I, 3>(flat, [1, used.len(), spec.features.len()], &device);
-        let pred = if model.streamable() { model.forward_history(x)? } else { model.forward(x)? };
+        let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
+        let pred = model.forecast_history(&rows, &clock, &device)?;
         let mut out = std::io::stdout().lock();
         writeln!(out, "step,{}", spec.targets.join(","))?;
-        print_forecast(&mut out, &to_f64_vec(pred), model.target_indices(), &scaler, "")?;
+        print_forecast(&mut out, &pred, model.target_indices(), &scaler, "")?;
     });
     Ok(())
 }
 
 fn cmd_stream(a: StreamArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
-        if !model.streamable() {
-            bail!(
-                "{} was trained with RevIN or the linear skip, which need whole windows; train with --no-revin --no-linear-skip to stream",
-                a.checkpoint.display()
-            );
+        let _ = &device;
+        match a.backend.dtype {
+            DtypeArg::F64 => stream_rows(ForecastStream::<f64>::new(&model), &model, &scaler, &spec, &a),
+            DtypeArg::F32 => stream_rows(ForecastStream::<f32>::new(&model), &model, &scaler, &spec, &a),
         }
-        let stdin = std::io::stdin();
-        let mut lines = stdin.lock().lines();
-        let header = lines.next().context("stdin: no header row")??;
-        let mut state = model.mamba.zero_state(1, &device);
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "row,step,{}", spec.targets.join(","))?;
-        for (i, line) in lines.enumerate() {
-            let line = line?;
-            if line.trim().is_empty() {
-                continue;
+    })
+}
+
+/// Reads CSV rows from stdin (header first) and prints the forecast after each.
+fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
+    mut stream: ForecastStream<T>,
+    model: &Forecaster<B>,
+    scaler: &Scaler,
+    spec: &ForecastSpec,
+    a: &StreamArgs,
+) -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let header = lines.next().context("stdin: no header row")??;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "row,step,{}", spec.targets.join(","))?;
+    for (i, line) in lines.enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let table = Table::from_csv_str(
+            &format!("{header}\n{line}\n"),
+            &format!("stdin row {}", i + 1),
+            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
+        )?;
+        let clock = match (&spec.calendar, &table.times) {
+            (Some(cal), Some(t)) => cal.clock(t[0]),
+            (Some(_), None) => {
+                bail!("stdin row {}: the model reads the calendar from a date column; this row has none that reads as a date", i + 1)
             }
-            let table = Table::from_csv_str(
-                &format!("{header}\n{line}\n"),
-                &format!("stdin row {}", i + 1),
-                &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
-            )?;
-            let row = scaler.transform(&table.rows)[0].clone();
-            let x = from_f64_vec::<I, 2>(row, [1, spec.features.len()], &device);
-            let (pred, next) = model.step(x, state)?;
-            state = next;
-            print_forecast(&mut out, &to_f64_vec(pred), model.target_indices(), &scaler, &format!("{},", i + 1))?;
-            out.flush()?;
-        }
-    });
+            (None, _) => i as i64,
+        };
+        let row = scaler.transform(&table.rows)[0].clone();
+        let pred = stream.push(&row, clock)?;
+        print_forecast(&mut out, &pred, model.target_indices(), scaler, &format!("{},", i + 1))?;
+        out.flush()?;
+    }
     Ok(())
 }
 
@@ -451,7 +613,7 @@ fn main() {
     // Training allocates the same large buffers every step: keep them mapped (a no-op off glibc).
     mamba2_train::keep_freed_memory();
     let result = match cli.command {
-        Command::Train(a) => cmd_train(a),
+        Command::Train(a) => cmd_train(*a),
         Command::Eval(a) => cmd_eval(a),
         Command::Predict(a) => cmd_predict(a),
         Command::Stream(a) => cmd_stream(a),

@@ -1,0 +1,361 @@
+//! What the forecaster's Mamba reads at each row, computed from the past alone, the same way in
+//! training windows, in `predict` over a whole history and in `stream` row by row.
+//!
+//! Each predicted series is a sequence of its own (channel independence). At row `t` its input
+//! is the value normalised by the mean and standard deviation of the last `norm_window` rows
+//! seen so far (fewer at the start of a history), the phases of the calendar cycles as sines and
+//! cosines, and the other input columns normalised the same way. The forecast is made relative
+//! to the last value, in units of that standard deviation, so that a zero head is the Repeat
+//! forecast. Nothing here looks ahead, so a value, once computed for a row, never changes.
+
+use std::collections::VecDeque;
+
+use burn::tensor::Element;
+use rayon::prelude::*;
+
+use crate::calendar::Calendar;
+
+/// Added to the rolling variance before the square root, as RevIN does.
+pub const STD_EPS: f64 = 1e-5;
+
+/// Mean and standard deviation of the last `window` values pushed.
+///
+/// The running sums are recomputed exactly from the kept values every `window` pushes, so that
+/// their rounding does not grow over a long stream.
+#[derive(Debug, Clone)]
+pub struct RollingStats {
+    window: usize,
+    kept: VecDeque<f64>,
+    sum: f64,
+    sum_sq: f64,
+    since_exact: usize,
+}
+
+impl RollingStats {
+    /// Empty statistics over the last `window` values (`window >= 1`).
+    pub fn new(window: usize) -> Self {
+        Self { window: window.max(1), kept: VecDeque::with_capacity(window.max(1)), sum: 0.0, sum_sq: 0.0, since_exact: 0 }
+    }
+
+    /// Adds `x`; returns the mean and the standard deviation (population, plus [`STD_EPS`]
+    /// under the root) of the values kept after it.
+    pub fn push(&mut self, x: f64) -> (f64, f64) {
+        if self.kept.len() == self.window {
+            let old = self.kept.pop_front().expect("window >= 1");
+            self.sum -= old;
+            self.sum_sq -= old * old;
+        }
+        self.kept.push_back(x);
+        self.since_exact += 1;
+        if self.since_exact >= self.window {
+            self.sum = self.kept.iter().sum();
+            self.sum_sq = self.kept.iter().map(|v| v * v).sum();
+            self.since_exact = 0;
+        } else {
+            self.sum += x;
+            self.sum_sq += x * x;
+        }
+        let n = self.kept.len() as f64;
+        let mean = self.sum / n;
+        let var = (self.sum_sq / n - mean * mean).max(0.0);
+        (mean, (var + STD_EPS).sqrt())
+    }
+}
+
+/// How the per-row inputs are made: which columns, which normalisation, which calendar.
+#[derive(Debug, Clone)]
+pub struct FeatureMap {
+    /// Column of each predicted series among the input columns.
+    pub targets: Vec<usize>,
+    /// The other input columns, read as covariates by every series.
+    pub covariates: Vec<usize>,
+    /// Rows the rolling statistics cover.
+    pub norm_window: usize,
+    /// Values of the series' own past each row's input holds (itself and the `patch - 1` rows
+    /// before it, repeating the oldest row seen where the history is shorter).
+    pub patch: usize,
+    /// Divide by the rolling standard deviation (else only the rolling mean is removed, and the
+    /// forecast is in the data's scaled units).
+    pub scale: bool,
+    /// The calendar, whose cycles' phases become inputs.
+    pub calendar: Option<Calendar>,
+    /// Length of the learned cycle of each series (0: none).
+    pub cycle_period: usize,
+    /// Forecast steps.
+    pub horizon: usize,
+    /// End each row's input with the series' one-hot code, so that the input projection learns a
+    /// vector per series (an embedding, without a broadcast over the rows).
+    pub series_code: bool,
+}
+
+/// Inputs and forecast references of a set of sequences, flattened row-major, ready to become
+/// tensors. Sequence `w * T + c` is series `c` of history `w`. The inputs are in the element
+/// type of the backend they are for (written once, not converted after); the references stay in
+/// f64.
+#[derive(Debug, Clone, Default)]
+pub struct HostBatch<E> {
+    /// Sequences.
+    pub n_seq: usize,
+    /// Rows per sequence.
+    pub len: usize,
+    /// Inputs per row.
+    pub n_feat: usize,
+    /// `[n_seq, len, n_feat]`.
+    pub inputs: Vec<E>,
+    /// Forecast positions per sequence: the last row and, going back `every` rows at a time,
+    /// `n_pos - 1` more.
+    pub n_pos: usize,
+    /// See `n_pos`.
+    pub every: usize,
+    /// The last value at each forecast position, `[n_seq, n_pos]`.
+    pub level: Vec<f64>,
+    /// The rolling standard deviation there (1 without scaling), `[n_seq, n_pos]`.
+    pub scale: Vec<f64>,
+    /// `series * period + phase` of each forecast position, `[n_seq, n_pos]`, for the learned
+    /// cycle (the steps ahead follow from the phase).
+    pub cycle_now: Vec<i64>,
+    /// The values that followed each forecast position, `[n_seq, n_pos, H]`, where known.
+    pub truth: Vec<f64>,
+}
+
+/// What one row gives each series besides its inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowRef {
+    /// The series' value at the row: the forecast's reference.
+    pub level: f64,
+    /// The rolling standard deviation (1 without scaling): the forecast's unit.
+    pub scale: f64,
+    /// `series * period + phase`, for the learned cycle (0 without one).
+    pub cycle_row: i64,
+}
+
+/// The normalisers of one history, advanced a row at a time: the single place where a row's
+/// inputs are computed, for training windows, whole histories and streams alike.
+#[derive(Debug, Clone)]
+pub struct RowEncoder {
+    map: FeatureMap,
+    targets: Vec<RollingStats>,
+    covariates: Vec<RollingStats>,
+    /// The last `patch` values of each series, oldest first.
+    recent: Vec<VecDeque<f64>>,
+}
+
+impl RowEncoder {
+    /// A history with no rows yet.
+    pub fn new(map: &FeatureMap) -> Self {
+        Self {
+            targets: map.targets.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
+            covariates: map.covariates.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
+            recent: map.targets.iter().map(|_| VecDeque::with_capacity(map.patch)).collect(),
+            map: map.clone(),
+        }
+    }
+
+    /// The map this encoder follows.
+    pub fn map(&self) -> &FeatureMap {
+        &self.map
+    }
+
+    /// Adds one row (all input columns, scaled) at calendar clock `clock`. Writes each series'
+    /// inputs (`n_feat` values per series, series after series) into `inputs`, and its
+    /// references into `refs`.
+    pub fn push(&mut self, row: &[f64], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
+        let m = &self.map;
+        let f_n = m.n_feat();
+        let t_n = m.targets.len();
+        let mut shared: Vec<f64> = Vec::with_capacity(f_n);
+        if let Some(cal) = &m.calendar {
+            for k in 0..cal.periods.len() {
+                let angle = std::f64::consts::TAU * cal.phase(clock, k) as f64 / cal.periods[k] as f64;
+                shared.push(angle.sin());
+                shared.push(angle.cos());
+            }
+        }
+        for (&j, st) in m.covariates.iter().zip(self.covariates.iter_mut()) {
+            let (mean, sd) = st.push(row[j]);
+            shared.push((row[j] - mean) / if m.scale { sd } else { 1.0 });
+        }
+        for (c, (&j, st)) in m.targets.iter().zip(self.targets.iter_mut()).enumerate() {
+            let x = row[j];
+            let (mean, sd) = st.push(x);
+            let sd = if m.scale { sd } else { 1.0 };
+            let recent = &mut self.recent[c];
+            if recent.len() == m.patch {
+                recent.pop_front();
+            }
+            recent.push_back(x);
+            let out = &mut inputs[c * f_n..(c + 1) * f_n];
+            let oldest = recent[0];
+            // Newest first; before the history's first row, its first row again.
+            let mut back = recent.iter().rev().copied().chain(std::iter::repeat(oldest));
+            for o in out[..m.patch].iter_mut() {
+                *o = (back.next().unwrap_or(oldest) - mean) / sd;
+            }
+            out[m.patch..m.patch + shared.len()].copy_from_slice(&shared);
+            if m.series_code {
+                let code = &mut out[m.patch + shared.len()..];
+                code.fill(0.0);
+                code[c] = 1.0;
+            }
+            let cycle_row = if m.cycle_period > 0 { (c * m.cycle_period) as i64 + clock.rem_euclid(m.cycle_period as i64) } else { 0 };
+            refs[c] = RowRef { level: x, scale: sd, cycle_row };
+        }
+        debug_assert_eq!(refs.len(), t_n);
+    }
+}
+
+impl FeatureMap {
+    /// Inputs per row.
+    pub fn n_feat(&self) -> usize {
+        let code = if self.series_code { self.targets.len() } else { 0 };
+        self.patch + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len()) + self.covariates.len() + code
+    }
+
+    /// The sequences of the histories `rows[s .. s + len]` for each start `s` (each history
+    /// from a fresh [`RowEncoder`]), with `n_pos` forecast positions: the last row and one every
+    /// `every` rows before it; and the values that followed them where `rows` has them all.
+    ///
+    /// `clock` holds each row's calendar clock (used only with a calendar).
+    pub fn build<E: Element>(
+        &self,
+        rows: &[Vec<f64>],
+        clock: &[i64],
+        starts: &[usize],
+        len: usize,
+        n_pos: usize,
+        every: usize,
+    ) -> HostBatch<E> {
+        let (t_n, f_n, h) = (self.targets.len(), self.n_feat(), self.horizon);
+        let every = every.max(1);
+        let n_pos = n_pos.min((len - 1) / every + 1);
+        let n_seq = starts.len() * t_n;
+        let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
+        let cycled = self.cycle_period > 0;
+        let mut b = HostBatch {
+            n_seq,
+            len,
+            n_feat: f_n,
+            n_pos,
+            every,
+            inputs: vec![E::from_elem(0.0); n_seq * len * f_n],
+            level: vec![0.0; n_seq * n_pos],
+            scale: vec![0.0; n_seq * n_pos],
+            // Filled in pieces below whether or not they are wanted, and emptied after when not.
+            cycle_now: vec![0; n_seq * n_pos],
+            truth: vec![0.0; if with_truth { n_seq * n_pos * h } else { n_seq }],
+        };
+        // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
+        let per = |v: usize| v.max(1);
+        let pieces = b
+            .inputs
+            .par_chunks_mut(per(t_n * len * f_n))
+            .zip(b.level.par_chunks_mut(per(t_n * n_pos)))
+            .zip(b.scale.par_chunks_mut(per(t_n * n_pos)))
+            .zip(b.cycle_now.par_chunks_mut(per(t_n * n_pos)))
+            .zip(b.truth.par_chunks_mut(if with_truth { per(t_n * n_pos * h) } else { per(t_n) }))
+            .zip(starts.par_iter());
+        pieces.for_each(|(((((inputs, level), scale), cycle_now), truth), &s)| {
+            let mut row_inputs = vec![0.0; t_n * f_n];
+            let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
+            let mut enc = RowEncoder::new(self);
+            for p in 0..len {
+                let r = s + p;
+                enc.push(&rows[r], clock[r], &mut row_inputs, &mut refs);
+                for c in 0..t_n {
+                    let at = (c * len + p) * f_n;
+                    for (o, &v) in inputs[at..at + f_n].iter_mut().zip(&row_inputs[c * f_n..(c + 1) * f_n]) {
+                        *o = E::from_elem(v);
+                    }
+                    let back = len - 1 - p;
+                    if !back.is_multiple_of(every) || back / every >= n_pos {
+                        continue;
+                    }
+                    let q = c * n_pos + (n_pos - 1 - back / every);
+                    level[q] = refs[c].level;
+                    scale[q] = refs[c].scale;
+                    cycle_now[q] = refs[c].cycle_row;
+                    if with_truth {
+                        let j = self.targets[c];
+                        for k in 0..h {
+                            truth[q * h + k] = rows[r + 1 + k][j];
+                        }
+                    }
+                }
+            }
+        });
+        if !cycled {
+            b.cycle_now.clear();
+        }
+        if !with_truth {
+            b.truth.clear();
+        }
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rolling statistics equal a direct computation over the last `window` values, far into
+    /// a long stream (where the running sums have been refreshed many times).
+    #[test]
+    fn rolling_stats_equal_a_direct_computation() {
+        let mut rng = mamba2_tensor::rng::SplitMix64::new(5);
+        let xs: Vec<f64> = (0..5000).map(|i| 1e3 * (i as f64 * 0.01).sin() + rng.normal()).collect();
+        let mut st = RollingStats::new(96);
+        for (i, &x) in xs.iter().enumerate() {
+            let (m, sd) = st.push(x);
+            let w = &xs[i.saturating_sub(95)..=i];
+            let em = w.iter().sum::<f64>() / w.len() as f64;
+            let ev = w.iter().map(|v| (v - em).powi(2)).sum::<f64>() / w.len() as f64;
+            assert!((m - em).abs() <= 1e-9 * em.abs().max(1.0), "row {i}: mean {m} vs {em}");
+            assert!((sd - (ev + STD_EPS).sqrt()).abs() <= 1e-6 * sd, "row {i}: std {sd} vs {}", (ev + STD_EPS).sqrt());
+        }
+    }
+
+    /// A history's inputs at its last row do not depend on how far back it starts beyond the
+    /// normaliser's window, and forecast references are the last value and the window's std.
+    #[test]
+    fn inputs_depend_only_on_the_window_of_the_past() {
+        let rows: Vec<Vec<f64>> = (0..60).map(|t| vec![(t as f64 * 0.3).sin() * 2.0 + t as f64 * 0.1, (t % 5) as f64]).collect();
+        let clock: Vec<i64> = (0..60).collect();
+        let cal = Calendar { interval: 3600, periods: vec![24, 168] };
+        let map = FeatureMap {
+            targets: vec![0],
+            covariates: vec![1],
+            norm_window: 8,
+            patch: 1,
+            scale: true,
+            calendar: Some(cal),
+            cycle_period: 24,
+            horizon: 3,
+            series_code: false,
+        };
+        let a = map.build::<f64>(&rows, &clock, &[10], 40, 1, 1);
+        let b = map.build::<f64>(&rows, &clock, &[30], 20, 1, 1);
+        assert_eq!(a.n_feat, 6);
+        let last = |hb: &HostBatch<f64>| hb.inputs[(hb.len - 1) * hb.n_feat..hb.len * hb.n_feat].to_vec();
+        for (x, y) in last(&a).iter().zip(last(&b)) {
+            assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+        }
+        assert_eq!(a.level, [rows[49][0]]);
+        assert_eq!(a.truth, [rows[50][0], rows[51][0], rows[52][0]]);
+        assert_eq!(a.cycle_now, [49 % 24]);
+        let (_, sd) = (42..49)
+            .fold(RollingStats::new(8), |mut s, r| {
+                s.push(rows[r][0]);
+                s
+            })
+            .push(rows[49][0]);
+        assert!((a.scale[0] - sd).abs() < 1e-12);
+        // A history that ends at the data's last row has no truth.
+        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1).truth.is_empty());
+        // Several histories at once give what each gives alone, in order.
+        let both = map.build::<f64>(&rows, &clock, &[10, 30], 20, 2, 1);
+        let (x, y) = (map.build::<f64>(&rows, &clock, &[10], 20, 2, 1), map.build::<f64>(&rows, &clock, &[30], 20, 2, 1));
+        assert_eq!(both.inputs, [x.inputs, y.inputs].concat());
+        assert_eq!(both.truth, [x.truth, y.truth].concat());
+        assert_eq!(both.cycle_now, [x.cycle_now, y.cycle_now].concat());
+    }
+}

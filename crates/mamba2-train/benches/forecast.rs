@@ -1,0 +1,121 @@
+//! The default forecaster's costs, on the embedded ETTh1 (L 96, H 96, all 7 series), Flex f32:
+//!
+//! - `forecast/train_step/forecaster`: one optimizer step of the trainer (batch of 32 windows,
+//!   each of its 7 series a sequence: 224 sequences of 96 rows), batch building included;
+//! - `forecast/train_step/stack`: the bare `Mamba2Stack` train step at the same shape
+//!   (`[224, 96, d_model]`, loss `mean(h^2)`), the floor the forecaster's step is measured against;
+//! - `forecast/stream_row/L`: one incoming row through `ForecastStream` (f32, one thread) for a
+//!   model trained with lookback `L` = 96 and 512, after a history of 2,000 rows: the time per
+//!   row does not depend on `L`, since the recurrent state carries the history.
+//!
+//! `cargo bench -p mamba2-train --bench forecast`
+
+use std::time::Duration;
+
+use burn::backend::{Autodiff, Flex};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use criterion::{criterion_group, BenchmarkId, Criterion};
+use mamba2_model::Mamba2Stack;
+use mamba2_optim::{AdamW, AdamWConfig};
+use mamba2_train::calendar::Calendar;
+use mamba2_train::data::{ColumnChoice, Scaler, Table};
+use mamba2_train::{train_step, ForecastStream, ForecasterConfig, TrainConfig};
+
+type B = Autodiff<Flex>;
+
+const ETTH1: &str = include_str!("../../../data/ett/ETTh1.csv");
+
+struct Data {
+    rows: Vec<Vec<f64>>,
+    clock: Vec<i64>,
+    columns: Vec<String>,
+    calendar: Option<Calendar>,
+}
+
+fn etth1() -> Data {
+    let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).unwrap();
+    let calendar = table.times.as_deref().and_then(Calendar::detect);
+    let clock = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
+    let scaler = Scaler::fit(&table.rows[..8640]);
+    Data { rows: scaler.transform(&table.rows), clock, columns: table.columns.clone(), calendar }
+}
+
+fn config(data: &Data, lookback: usize) -> ForecasterConfig {
+    ForecasterConfig::defaults(lookback, 96, data.columns.clone(), data.columns.clone(), data.calendar.clone())
+}
+
+fn train_steps(c: &mut Criterion) {
+    let data = etth1();
+    let device = Default::default();
+    let config = config(&data, 96);
+    let tc = TrainConfig::default();
+    let mut group = c.benchmark_group("forecast/train_step");
+    group.sample_size(20).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+
+    B::seed(&device, 0);
+    let model = config.init::<B>(&device).unwrap();
+    let mut optim =
+        AdamW::new(AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..Default::default() }, &model).unwrap();
+    let map = model.feature_map();
+    let starts: Vec<usize> = (0..tc.batch_size).map(|i| 100 + 211 * i).collect();
+    let mut slot = Some(model);
+    group.bench_function("forecaster", |b| {
+        b.iter(|| {
+            let batch = map
+                .build::<f32>(&data.rows, &data.clock, &starts, 96, (96 - tc.loss_from).div_ceil(tc.loss_every), tc.loss_every)
+                .into_device(96, &device);
+            let (next, _, _) = train_step(slot.take().unwrap(), &mut optim, &batch, 1e-4, tc.loss).unwrap();
+            slot = Some(next);
+        })
+    });
+
+    let stack = Mamba2Stack::<B>::init(&config.backbone, &device).unwrap();
+    let x =
+        Tensor::<B, 3>::random([tc.batch_size * data.columns.len(), 96, config.backbone.d_model], Distribution::Normal(0.0, 1.0), &device);
+    let mut opt =
+        AdamW::new(AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..Default::default() }, &stack).unwrap();
+    let mut slot = Some(stack);
+    group.bench_function("stack", |b| {
+        b.iter(|| {
+            let m = slot.take().unwrap();
+            let (h, _) = m.forward(x.clone(), None).unwrap();
+            let loss = h.powi_scalar(2).mean();
+            let grads = GradientsParams::from_grads(loss.backward(), &m);
+            slot = Some(opt.step(1e-4, m, grads).unwrap().0);
+        })
+    });
+    group.finish();
+}
+
+fn stream_rows(c: &mut Criterion) {
+    let data = etth1();
+    let device = Default::default();
+    let mut group = c.benchmark_group("forecast/stream_row");
+    group.sample_size(30).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    for lookback in [96, 512] {
+        <Flex as Backend>::seed(&device, 0);
+        let model = config(&data, lookback).init::<Flex>(&device).unwrap();
+        let mut stream = ForecastStream::<f32>::new(&model);
+        for r in 0..2000 {
+            stream.push(&data.rows[r], data.clock[r]).unwrap();
+        }
+        let mut r = 2000;
+        group.bench_function(BenchmarkId::from_parameter(lookback), |b| {
+            b.iter(|| {
+                r = if r + 1 < data.rows.len() { r + 1 } else { 2000 };
+                criterion::black_box(stream.push(&data.rows[r], data.clock[r]).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(forecast, train_steps, stream_rows);
+
+fn main() {
+    mamba2_train::keep_freed_memory();
+    forecast();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -25,6 +25,7 @@
 
 pub mod calendar;
 pub mod data;
+pub mod ema;
 pub mod features;
 mod forecaster;
 mod memory;

@@ -15,6 +15,7 @@ use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::data::{ErrorSums, Scaler, Windows};
+use crate::ema::Ema;
 use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
 use crate::TrainError;
 
@@ -51,6 +52,10 @@ pub struct TrainConfig {
     /// What the optimizer minimises.
     #[serde(default)]
     pub loss: Loss,
+    /// Evaluate and keep an exponential moving average of the weights with this decay per step
+    /// ([`Ema`](crate::ema::Ema)); `None`: the weights as they are.
+    #[serde(default)]
+    pub ema: Option<f64>,
 }
 
 fn one() -> usize {
@@ -85,6 +90,7 @@ impl Default for TrainConfig {
             loss_from: 0,
             loss_every: 2,
             loss: Loss::MseMae,
+            ema: None,
         }
     }
 }
@@ -104,6 +110,11 @@ impl TrainConfig {
         }
         if self.loss_every == 0 {
             return bad("loss every must be at least 1, got 0");
+        }
+        if let Some(d) = self.ema {
+            if !(0.0..1.0).contains(&d) {
+                return bad(&format!("the weight average's decay must be at least 0 and below 1, got {d}"));
+            }
         }
         if self.stride == 0 {
             return bad("stride must be at least 1, got 0");
@@ -168,6 +179,11 @@ struct RunMeta {
     scaler: Scaler,
     train: TrainConfig,
     optim_file: Option<String>,
+    /// The weight average's file and its updates, with `TrainConfig::ema`.
+    #[serde(default)]
+    ema_file: Option<String>,
+    #[serde(default)]
+    ema_updates: u64,
 }
 
 /// Files of a run directory.
@@ -329,7 +345,7 @@ pub fn train<B: AutodiffBackend>(
     };
     let ocfg = AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..AdamWConfig::default() };
 
-    let (mut model, mut optim, mut meta) = if resume && dir.last().exists() {
+    let (mut model, mut optim, mut meta, mut ema) = if resume && dir.last().exists() {
         let loaded = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.last(), device, |c, d| c.init(d))?;
         if &loaded.config != config {
             return Err(TrainError::Config {
@@ -345,8 +361,19 @@ pub fn train<B: AutodiffBackend>(
         if let Some(f) = &meta.optim_file {
             optim.load(&dir.0.join(f), device)?;
         }
+        let ema = match (tc.ema, &meta.ema_file) {
+            (Some(decay), Some(f)) => {
+                let avg =
+                    load_checkpoint::<B::InnerBackend, Forecaster<B::InnerBackend>, ForecasterConfig>(&dir.0.join(f), device, |c, d| {
+                        c.init(d)
+                    })?;
+                Some(Ema::resumed(avg.module, decay, meta.ema_updates))
+            }
+            (Some(decay), None) => Some(Ema::new(loaded.module.valid(), decay)),
+            (None, _) => None,
+        };
         log(&format!("resuming after epoch {} (step {})", meta.history.len(), optim.steps()));
-        (loaded.module, optim, meta)
+        (loaded.module, optim, meta, ema)
     } else {
         B::seed(device, tc.seed);
         let model = config.init::<B>(device)?;
@@ -358,8 +385,11 @@ pub fn train<B: AutodiffBackend>(
             scaler: data.scaler.clone(),
             train: tc.clone(),
             optim_file: None,
+            ema_file: None,
+            ema_updates: 0,
         };
-        (model, optim, meta)
+        let ema = tc.ema.map(|decay| Ema::new(model.valid(), decay));
+        (model, optim, meta, ema)
     };
 
     let mut stopped_early = false;
@@ -379,11 +409,15 @@ pub fn train<B: AutodiffBackend>(
             B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
             let (next, value, report) = train_step(model, &mut optim, &batch, lr, tc.loss)?;
             model = next;
+            if let Some(e) = ema.as_mut() {
+                e.update(&model.valid());
+            }
             loss_sum += value * idx.len() as f64;
             norm_sum += report.grad_norm;
             steps += 1;
         }
-        let valid = model.valid();
+        // What is evaluated and kept as best: the weight average where there is one.
+        let valid = ema.as_ref().map_or_else(|| model.valid(), |e| e.model.clone());
         let (val_mse, val_mae) = evaluate(&valid, &val_w, &data.clock, tc.batch_size, false, device)?;
         let record = EpochRecord {
             epoch,
@@ -407,8 +441,18 @@ pub fn train<B: AutodiffBackend>(
         let optim_file = format!("optim-{epoch}.safetensors");
         optim.save(&dir.0.join(&optim_file))?;
         let previous = meta.optim_file.replace(optim_file);
-        save_checkpoint(&valid, config, &serde_json::to_value(&meta).expect("serialisable"), &dir.last())?;
-        if let Some(p) = previous {
+        let previous_ema = match &ema {
+            Some(e) => {
+                let f = format!("ema-{epoch}.ckpt");
+                save_checkpoint(&e.model, config, &serde_json::Value::Null, &dir.0.join(&f))?;
+                meta.ema_updates = e.updates();
+                meta.ema_file.replace(f)
+            }
+            None => None,
+        };
+        // last.ckpt holds the weights as trained (what a resumed run continues from).
+        save_checkpoint(&model.valid(), config, &serde_json::to_value(&meta).expect("serialisable"), &dir.last())?;
+        for p in [previous, previous_ema].into_iter().flatten() {
             let _ = std::fs::remove_file(dir.0.join(p));
         }
         write_metrics(&dir.metrics(), &meta.history)?;

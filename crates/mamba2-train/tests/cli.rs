@@ -236,7 +236,18 @@ fn summary(dir: &Path) -> serde_json::Value {
 
 #[test]
 fn a_killed_run_resumes_to_the_same_result() {
-    let dir = scratch("resume");
+    killed_and_resumed("resume", &[]);
+}
+
+/// With the state that only some runs have: dropout (drawn per step) and the weight average
+/// (its own file beside the optimizer's).
+#[test]
+fn a_killed_run_with_dropout_and_a_weight_average_resumes_to_the_same_result() {
+    killed_and_resumed("resume-ema", &["--dropout", "0.2", "--ema", "0.9"]);
+}
+
+fn killed_and_resumed(name: &str, extra: &[&str]) {
+    let dir = scratch(name);
     let csv = dir.join("data.csv");
     std::fs::write(&csv, synthetic_csv(1500)).unwrap();
     let args = |out: &Path| -> Vec<String> {
@@ -245,6 +256,7 @@ fn a_killed_run_resumes_to_the_same_result() {
                 .map(String::from)
                 .to_vec();
         v.extend(TINY.map(String::from));
+        v.extend(extra.iter().map(|a| a.to_string()));
         v
     };
     let straight = dir.join("straight");

@@ -75,7 +75,7 @@ struct DataArgs {
     /// CSV file with a header row (default: the embedded ETTh1).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Date/time column to skip (default: one named date, time, datetime or timestamp).
+    /// Date/time column, read for the calendar, not as a feature (default: one named date, time, datetime or timestamp).
     #[arg(long)]
     date_column: Option<String>,
     /// Input columns, comma separated (default: every other column).
@@ -123,7 +123,7 @@ struct TrainArgs {
     /// Values of its own past each row's input holds [default: 96, or L when shorter].
     #[arg(long)]
     patch: Option<usize>,
-    /// No linear map from the patch to the forecast beside the Mamba's head.
+    /// No linear map from each row's inputs to the forecast beside the Mamba's head.
     #[arg(long)]
     no_direct: bool,
     /// Rows of the past the rolling mean (and std) cover [default: L / 2].
@@ -173,6 +173,9 @@ struct TrainArgs {
     /// Do not evaluate the test split (for choosing settings on the validation split).
     #[arg(long)]
     no_test: bool,
+    /// Evaluate and keep a moving average of the weights with this decay per step (0: off).
+    #[arg(long)]
+    ema: Option<f64>,
     /// Training loss.
     #[arg(long, value_enum, default_value = "mse-mae")]
     loss: LossArg,
@@ -214,7 +217,7 @@ struct UseArgs {
 struct StreamArgs {
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Date/time column to skip.
+    /// Date/time column, read for the calendar (default: as in training).
     #[arg(long)]
     date_column: Option<String>,
     #[command(flatten)]
@@ -339,6 +342,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         stride: a.stride,
         loss_from: a.loss_from,
         loss_every: a.loss_every,
+        ema: match a.ema {
+            Some(d) if d > 0.0 => Some(d),
+            Some(_) => None,
+            None => TrainConfig::default().ema,
+        },
         loss: match a.loss {
             LossArg::Mse => Loss::Mse,
             LossArg::Mae => Loss::Mae,

@@ -1,26 +1,39 @@
 //! Training, evaluating and streaming Mamba-2 forecasters on CSV time series; the library
 //! behind the `mamba2` command.
 //!
-//! - [`data`]: CSV loading, chronological splits, z-score scaling fitted on training rows,
-//!   windows, the Repeat baseline.
-//! - [`Forecaster`]: RevIN (optional), Mamba-2 over time, a head on the last position, an
-//!   optional linear skip over the lookback.
+//! - [`data`]: CSV loading (with the date column's time stamps), chronological splits, z-score
+//!   scaling fitted on training rows, windows, the Repeat baseline.
+//! - [`calendar`]: dates to a row clock, and the day and week cycles of the sampling interval.
+//! - [`features`]: what the model reads at each row, from the past alone ([`features::RowEncoder`]).
+//! - [`Forecaster`]: each series its own sequence through a Mamba-2 over time; a head and a
+//!   direct map forecast the next `H` values relative to the last one, plus a learned cycle
+//!   (`docs/forecasting.md`). [`ForecastStream`]: the same model one row at a time.
 //! - [`train`]: the loop, with early stopping, atomic best/last checkpoints, exact resume, a
 //!   NaN/Inf guard naming the step and parameter, and JSON-lines metrics.
 //!
 //! ```
-//! use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
+//! use burn::backend::NdArray;
+//! use mamba2_train::calendar::Calendar;
+//! use mamba2_train::data::{ColumnChoice, Scaler, Table};
+//! use mamba2_train::{ForecastStream, ForecasterConfig};
 //!
+//! // Hourly rows with a date column: the calendar gives the day (24 rows) and the week.
 //! let csv = "date,a,b\n".to_string()
-//!     + &(0..50).map(|t| format!("t{t},{},{}\n", t % 7, (t * 3) % 5)).collect::<String>();
+//!     + &(0..200).map(|t| format!("2024-01-{:02} {:02}:00,{},{}\n", 1 + t / 24, t % 24, t % 7, (t * 3) % 5)).collect::<String>();
 //! let table = Table::from_csv_str(&csv, "inline", &ColumnChoice::default()).unwrap();
-//! assert_eq!(table.columns, ["a", "b"]);
-//! let [train, _, test] = Split::Fractions { train: 0.6, val: 0.2 }.ranges(table.rows.len(), 5).unwrap();
-//! let scaler = Scaler::fit(&table.rows[train.0..train.1]);
-//! let rows = scaler.transform(&table.rows);
-//! let windows = Windows::new(&rows, test, 5, 2, 1).unwrap();
-//! let (mse, mae) = repeat_baseline(&windows, &[0, 1], 1);
-//! assert!(mse > 0.0 && mae > 0.0);
+//! let calendar = table.times.as_deref().and_then(Calendar::detect).unwrap();
+//! assert_eq!(calendar.periods, [24, 168]);
+//! let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.clock(t)).collect();
+//! let rows = Scaler::fit(&table.rows[..140]).transform(&table.rows);
+//!
+//! // An untrained default model forecasts Repeat, over a history and row by row alike.
+//! let config = ForecasterConfig::defaults(48, 4, table.columns.clone(), table.columns.clone(), Some(calendar));
+//! let model = config.init::<NdArray<f64>>(&Default::default()).unwrap();
+//! let whole = model.forecast_history(&rows, &clock, &Default::default()).unwrap(); // [H, 2]
+//! let mut stream = ForecastStream::<f64>::new(&model);
+//! let last = (0..rows.len()).map(|r| stream.push(&rows[r], clock[r]).unwrap()).last().unwrap();
+//! assert_eq!(whole, last);
+//! assert_eq!(&whole[..2], &rows[199][..]);
 //! ```
 
 pub mod calendar;

@@ -48,6 +48,22 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     result.map_err(io)
 }
 
+/// Removes the temporary files that [`write_atomically`] leaves in `dir` when its process is
+/// killed between writing and renaming (names `.<file>.tmp-<pid>`); returns how many. Call it
+/// where nothing else writes into `dir` at the same time.
+pub fn remove_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.starts_with('.')
+                && name.rsplit_once(".tmp-").is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// Saves `module` with its `config` and `meta` to `path`, atomically.
 pub fn save_checkpoint<B: Backend, M: Module<B>, C: Serialize>(
     module: &M,

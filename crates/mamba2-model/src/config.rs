@@ -91,6 +91,16 @@ pub enum ConfigError {
         /// The total.
         total: usize,
     },
+    /// A size is beyond any model this code is meant for.
+    #[error("config: {name} = {value} is larger than {max}")]
+    TooLarge {
+        /// The field.
+        name: &'static str,
+        /// Its value.
+        value: usize,
+        /// The largest accepted.
+        max: usize,
+    },
     /// A real-valued field is out of its range.
     #[error("config: {name} = {value} is invalid: {why}")]
     Invalid {
@@ -144,6 +154,31 @@ impl Mamba2Config {
             if v == 0 {
                 return Err(ConfigError::Zero { name });
             }
+        }
+        // Bounds far above any real model, checked before any size is multiplied or memory is
+        // reserved: a config read from someone else's file must not overflow or ask for
+        // terabytes.
+        for (name, v, max) in [
+            ("d_model", self.d_model, 1 << 16),
+            ("n_layer", self.n_layer, 1 << 10),
+            ("d_state", self.d_state, 1 << 12),
+            ("d_conv", self.d_conv, 1 << 6),
+            ("expand", self.expand, 1 << 6),
+            ("headdim", self.headdim, 1 << 12),
+            ("ngroups", self.ngroups, 1 << 12),
+            ("chunk_size", self.chunk_size, 1 << 16),
+        ] {
+            if v > max {
+                return Err(ConfigError::TooLarge { name, value: v, max });
+            }
+        }
+        let weights = self.n_layer * self.d_model * (self.d_in_proj() + self.d_inner());
+        if weights > 1 << 34 {
+            return Err(ConfigError::TooLarge {
+                name: "parameters (n_layer * d_model * (d_in_proj + d_inner))",
+                value: weights,
+                max: 1 << 34,
+            });
         }
         if self.d_conv < 2 {
             return Err(ConfigError::Invalid { name: "d_conv", value: self.d_conv.to_string(), why: "must be at least 2" });

@@ -49,7 +49,7 @@ mod stream;
 mod timeseries;
 
 pub use block::Mamba2Block;
-pub use checkpoint::{load_checkpoint, read_checkpoint_header, save_checkpoint, write_atomically, Loaded};
+pub use checkpoint::{load_checkpoint, read_checkpoint_header, remove_temporaries, save_checkpoint, write_atomically, Loaded};
 pub use config::{ConfigError, HfExtras, Mamba2Config};
 pub use error::ModelError;
 pub use fast::with_generic_path;

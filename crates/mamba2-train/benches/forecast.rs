@@ -38,7 +38,7 @@ fn etth1() -> Data {
     let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).unwrap();
     let calendar = table.times.as_deref().and_then(Calendar::detect);
     let clock = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
-    let scaler = Scaler::fit(&table.rows[..8640]);
+    let scaler = Scaler::fit(&table.rows[..8640], &table.columns).unwrap();
     Data { rows: scaler.transform(&table.rows), clock, columns: table.columns.clone(), calendar }
 }
 

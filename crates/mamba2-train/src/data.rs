@@ -65,10 +65,38 @@ impl Table {
 
     /// Parses CSV text (`source` names it in errors).
     pub fn from_csv_str(text: &str, source: &str, choice: &ColumnChoice) -> Result<Self, TrainError> {
+        Self::parse(text, source, choice, 0)
+    }
+
+    /// One data row that arrives on its own (`stream`), under its `header` line: errors name it
+    /// as line `line_number` of `source`.
+    pub fn from_header_and_row(
+        header: &str,
+        row: &str,
+        line_number: usize,
+        source: &str,
+        choice: &ColumnChoice,
+    ) -> Result<Self, TrainError> {
+        Self::parse(&format!("{header}\n{row}\n"), source, choice, line_number.saturating_sub(2))
+    }
+
+    /// `text` as CSV, its line `i` (from 0) named line `i + 1 + skip` in errors.
+    fn parse(text: &str, source: &str, choice: &ColumnChoice, skip: usize) -> Result<Self, TrainError> {
         let err = |why: String| TrainError::Data { origin: source.to_string(), why };
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| (if i == 0 { 0 } else { i + skip }, l));
         let (_, header) = lines.next().ok_or_else(|| err("empty file: no header row".into()))?;
         let header = split_csv_line(header);
+        if header.iter().all(|h| h.parse::<f64>().is_ok() || parse_time(h).is_some()) {
+            return Err(err(format!(
+                "the first row ({}) holds only numbers and dates: it looks like data, not a header; add a header row naming the columns",
+                header.join(",")
+            )));
+        }
+        for (i, h) in header.iter().enumerate() {
+            if let Some(k) = header[..i].iter().position(|x| x == h) {
+                return Err(err(format!("column `{h}` appears twice in the header (columns {} and {})", k + 1, i + 1)));
+            }
+        }
         let date = match &choice.date_column {
             Some(d) => Some(
                 header
@@ -123,6 +151,7 @@ impl Table {
                 .map(|&j| {
                     let cell = &cells[j];
                     match cell.parse::<f64>() {
+                        _ if cell.is_empty() => Err(err(format!("line {}, column `{}`: empty cell", lineno + 1, header[j]))),
                         Ok(v) if v.is_finite() => Ok(v),
                         Ok(v) => Err(err(format!("line {}, column `{}`: {v} is not a finite number", lineno + 1, header[j]))),
                         Err(_) => Err(err(format!("line {}, column `{}`: `{cell}` is not a number", lineno + 1, header[j]))),
@@ -205,27 +234,45 @@ impl Split {
 pub struct Scaler {
     /// Column means.
     pub mean: Vec<f64>,
-    /// Column standard deviations (1 where a column is constant).
+    /// Column standard deviations (positive: a constant column is an error).
     pub std: Vec<f64>,
 }
 
 impl Scaler {
-    /// Fits on `rows`.
-    pub fn fit(rows: &[Vec<f64>]) -> Self {
-        let c = rows[0].len();
+    /// Fits on `rows`, the training rows of the columns named `columns`. A column that is
+    /// constant there has no scale, and one whose values are so large that their variance is
+    /// not a finite number cannot be scaled: both are errors naming the column.
+    pub fn fit(rows: &[Vec<f64>], columns: &[String]) -> Result<Self, TrainError> {
+        let c = rows.first().map_or(0, |r| r.len());
         let n = rows.len() as f64;
-        let mean: Vec<f64> = (0..c).map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / n).collect();
-        let std = (0..c)
-            .map(|j| {
-                let v = rows.iter().map(|r| (r[j] - mean[j]).powi(2)).sum::<f64>() / n;
-                if v > 0.0 {
-                    v.sqrt()
-                } else {
-                    1.0
-                }
-            })
-            .collect();
-        Self { mean, std }
+        let err = |why: String| TrainError::Data { origin: "training rows".into(), why };
+        let name = |j: usize| columns.get(j).cloned().unwrap_or_else(|| format!("#{}", j + 1));
+        if rows.is_empty() {
+            return Err(err("no training rows to fit the scaler on".into()));
+        }
+        let mut mean = Vec::with_capacity(c);
+        let mut std = Vec::with_capacity(c);
+        for j in 0..c {
+            let m = rows.iter().map(|r| r[j]).sum::<f64>() / n;
+            let v = rows.iter().map(|r| (r[j] - m).powi(2)).sum::<f64>() / n;
+            if !(m.is_finite() && v.is_finite()) {
+                return Err(err(format!(
+                    "column `{}`: values too large to scale (their mean or variance over the {} training rows is not a finite number)",
+                    name(j),
+                    rows.len()
+                )));
+            }
+            if v <= 0.0 || m + v.sqrt() == m {
+                return Err(err(format!(
+                    "column `{}` is constant ({m}) on the {} training rows, so it has no scale; leave it out with --columns",
+                    name(j),
+                    rows.len()
+                )));
+            }
+            mean.push(m);
+            std.push(v.sqrt());
+        }
+        Ok(Self { mean, std })
     }
 
     /// `(x - mean) / std`, row by row.
@@ -322,6 +369,11 @@ impl ErrorSums {
         self.n += pred.len();
     }
 
+    /// Both sums together.
+    pub fn merge(&self, other: &ErrorSums) -> ErrorSums {
+        ErrorSums { se: self.se + other.se, ae: self.ae + other.ae, n: self.n + other.n }
+    }
+
     /// `(MSE, MAE)`.
     pub fn mse_mae(&self) -> (f64, f64) {
         (self.se / self.n as f64, self.ae / self.n as f64)
@@ -364,7 +416,7 @@ mod tests {
         assert_eq!(split_csv_line(r#"a,"b,c","d""e""#), ["a", "b,c", r#"d"e"#]);
         let [tr, va, te] = Split::Fractions { train: 0.7, val: 0.1 }.ranges(100, 10).unwrap();
         assert_eq!((tr, va, te), ((0, 70), (60, 80), (70, 100)));
-        let scaler = Scaler::fit(&[vec![1.0], vec![3.0]]);
+        let scaler = Scaler::fit(&[vec![1.0], vec![3.0]], &["a".into()]).unwrap();
         assert_eq!((scaler.mean[0], scaler.std[0]), (2.0, 1.0), "population std (ddof 0)");
     }
 

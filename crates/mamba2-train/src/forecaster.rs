@@ -134,10 +134,35 @@ impl ForecasterConfig {
     pub fn validate(&self) -> Result<Vec<usize>, ModelError> {
         let s = &self.spec;
         let invalid = |name: &'static str, value: String, why: &'static str| ModelError::Config(ConfigError::Invalid { name, value, why });
-        for (name, v) in [("lookback", s.lookback), ("horizon", s.horizon), ("patch", s.patch), ("norm_window", s.norm_window)] {
+        for (name, v, max) in [
+            ("lookback", s.lookback, 1 << 24),
+            ("horizon", s.horizon, 1 << 20),
+            ("patch", s.patch, 1 << 16),
+            ("norm_window", s.norm_window, 1 << 24),
+            ("cycle", s.cycle.max(1), 1 << 20),
+            ("features", s.features.len().max(1), 1 << 16),
+        ] {
             if v == 0 {
                 return Err(ModelError::Config(ConfigError::Zero { name }));
             }
+            // Bounds far above any real task, checked before memory is reserved: a checkpoint
+            // from someone else must not make the program ask for terabytes.
+            if v > max {
+                return Err(ModelError::Config(ConfigError::TooLarge { name, value: v, max }));
+            }
+        }
+        if let Some(c) = &s.calendar {
+            if c.interval <= 0 || c.periods.is_empty() || c.periods.iter().any(|&p| !(2..=1 << 20).contains(&p)) {
+                return Err(invalid("calendar", format!("{c:?}"), "needs a positive interval and periods of 2 to 2^20 rows"));
+            }
+        }
+        let (inputs, width) = (s.patch + 2 * s.features.len() + 64, self.backbone.d_model.max(s.horizon));
+        if inputs.saturating_mul(width) > 1 << 30 || s.targets.len().saturating_mul(s.cycle) > 1 << 30 {
+            return Err(ModelError::Config(ConfigError::TooLarge {
+                name: "head weights",
+                value: inputs.saturating_mul(width).max(s.targets.len().saturating_mul(s.cycle)),
+                max: 1 << 30,
+            }));
         }
         if s.cycle == 1 {
             return Err(invalid("cycle", "1".into(), "a cycle is at least 2 rows long (0: none)"));

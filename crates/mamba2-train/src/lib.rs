@@ -24,7 +24,7 @@
 //! let calendar = table.times.as_deref().and_then(Calendar::detect).unwrap();
 //! assert_eq!(calendar.periods, [24, 168]);
 //! let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.clock(t)).collect();
-//! let rows = Scaler::fit(&table.rows[..140]).transform(&table.rows);
+//! let rows = Scaler::fit(&table.rows[..140], &table.columns).unwrap().transform(&table.rows);
 //!
 //! // An untrained default model forecasts Repeat, over a history and row by row alike.
 //! let config = ForecasterConfig::defaults(48, 4, table.columns.clone(), table.columns.clone(), Some(calendar));
@@ -49,7 +49,10 @@ mod trainer;
 pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
 pub use memory::keep_freed_memory;
 pub use stream::ForecastStream;
-pub use trainer::{evaluate, evaluate_continuous, train, train_step, EpochRecord, Loss, Prepared, RunDir, TrainConfig, TrainSummary};
+pub use trainer::{
+    evaluate, evaluate_continuous, evaluate_targets, train, train_step, EpochRecord, Loss, Prepared, Progress, RunDir, TrainConfig,
+    TrainSummary,
+};
 
 /// Everything that can stop a run, with the offending value in the message.
 #[derive(Debug, thiserror::Error)]

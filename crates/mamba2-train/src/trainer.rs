@@ -159,6 +159,49 @@ pub struct EpochRecord {
     pub seconds: f64,
 }
 
+/// What the training loop reports as it goes, for a progress display.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// The run continues from the run directory's `last.ckpt`, after `epochs_done` epochs and
+    /// `step` optimizer steps; the next epoch starts over from its beginning.
+    Resumed {
+        /// Epochs completed before.
+        epochs_done: usize,
+        /// Optimizer steps completed before.
+        step: usize,
+    },
+    /// An epoch starts: `steps` optimizer steps over `windows` training windows.
+    EpochStart {
+        /// 1-based epoch.
+        epoch: usize,
+        /// Steps in it.
+        steps: usize,
+        /// Windows in it.
+        windows: usize,
+    },
+    /// One optimizer step of the epoch done.
+    Step {
+        /// Steps done in this epoch.
+        done: usize,
+        /// The step's loss.
+        loss: f64,
+    },
+    /// Validation after the steps is running.
+    Validating,
+    /// An epoch ended; `best` when its validation MSE is the best so far.
+    EpochEnd {
+        /// Its record.
+        record: &'a EpochRecord,
+        /// Whether it is the best epoch so far.
+        best: bool,
+    },
+    /// Early stopping ends the run: no better validation MSE since `best_epoch`.
+    EarlyStop {
+        /// The best epoch.
+        best_epoch: usize,
+    },
+}
+
 /// What a finished run reports.
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
@@ -237,16 +280,34 @@ pub fn evaluate<B: Backend>(
     drop_last: bool,
     device: &B::Device,
 ) -> Result<(f64, f64), TrainError> {
+    let per = evaluate_targets(model, w, clock, batch_size, drop_last, device)?;
+    Ok(per.iter().fold(ErrorSums::default(), |a, b| a.merge(b)).mse_mae())
+}
+
+/// The errors of [`evaluate`], per target (in the order of the model's targets), in the data's
+/// scaled units.
+pub fn evaluate_targets<B: Backend>(
+    model: &Forecaster<B>,
+    w: &Windows,
+    clock: &[i64],
+    batch_size: usize,
+    drop_last: bool,
+    device: &B::Device,
+) -> Result<Vec<ErrorSums>, TrainError> {
     let n = if drop_last { w.len() / batch_size * batch_size } else { w.len() };
-    let mut sums = ErrorSums::default();
+    let t_n = model.target_indices().len();
+    let mut sums = vec![ErrorSums::default(); t_n];
     let starts: Vec<usize> = w.starts[..n].to_vec();
     for chunk in starts.chunks(batch_size) {
         let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1);
         let truth = hb.truth.clone();
-        let pred = model.forward(&hb.into_device(w.horizon, device))?;
-        sums.add(&mamba2_tensor::compare::to_f64_vec(pred), &truth);
+        let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(w.horizon, device))?);
+        // Sequence `window * T + target`, each H values.
+        for (seq, (p, t)) in pred.chunks(w.horizon).zip(truth.chunks(w.horizon)).enumerate() {
+            sums[seq % t_n].add(p, t);
+        }
     }
-    Ok(sums.mse_mae())
+    Ok(sums)
 }
 
 /// MSE and MAE of the forecasts that `stream` makes when it reads `rows` from the first row on:
@@ -322,10 +383,13 @@ pub fn train<B: AutodiffBackend>(
     dir: &RunDir,
     resume: bool,
     device: &B::Device,
-    mut log: impl FnMut(&str),
+    mut report: impl FnMut(Progress),
 ) -> Result<TrainSummary, TrainError> {
     tc.validate()?;
     std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
+    // A kill during a save leaves its temporary file behind; the rename that would have used it
+    // never happened, so it holds nothing a run needs.
+    mamba2_model::remove_temporaries(&dir.0);
     let (l, h) = (config.spec.lookback, config.spec.horizon);
     let train_w = Windows::new(&data.rows, data.ranges[0], l, h, 1)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;
@@ -372,7 +436,7 @@ pub fn train<B: AutodiffBackend>(
             (Some(decay), None) => Some(Ema::new(loaded.module.valid(), decay)),
             (None, _) => None,
         };
-        log(&format!("resuming after epoch {} (step {})", meta.history.len(), optim.steps()));
+        report(Progress::Resumed { epochs_done: meta.history.len(), step: optim.steps() });
         (loaded.module, optim, meta, ema)
     } else {
         B::seed(device, tc.seed);
@@ -396,10 +460,12 @@ pub fn train<B: AutodiffBackend>(
     for epoch in meta.history.len() + 1..=tc.epochs {
         if meta.history.len() >= meta.best_epoch + tc.patience && meta.best_epoch > 0 {
             stopped_early = true;
+            report(Progress::EarlyStop { best_epoch: meta.best_epoch });
             break;
         }
         let start = Instant::now();
         let order = per_epoch(epoch);
+        report(Progress::EpochStart { epoch, steps: order.len().div_ceil(tc.batch_size), windows: order.len() });
         let (mut loss_sum, mut norm_sum, mut lr, mut steps) = (0.0, 0.0, 0.0, 0usize);
         for idx in order.chunks(tc.batch_size) {
             let batch = train_batch(&model, data, &train_w, idx, (tc.loss_from, tc.loss_every), device);
@@ -407,15 +473,17 @@ pub fn train<B: AutodiffBackend>(
             // Dropout draws from the backend's generator: seeded per step, so that a resumed run
             // draws what an uninterrupted one would.
             B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-            let (next, value, report) = train_step(model, &mut optim, &batch, lr, tc.loss)?;
+            let (next, value, step_report) = train_step(model, &mut optim, &batch, lr, tc.loss)?;
             model = next;
             if let Some(e) = ema.as_mut() {
                 e.update(&model.valid());
             }
             loss_sum += value * idx.len() as f64;
-            norm_sum += report.grad_norm;
+            norm_sum += step_report.grad_norm;
             steps += 1;
+            report(Progress::Step { done: steps, loss: value });
         }
+        report(Progress::Validating);
         // What is evaluated and kept as best: the weight average where there is one.
         let valid = ema.as_ref().map_or_else(|| model.valid(), |e| e.model.clone());
         let (val_mse, val_mae) = evaluate(&valid, &val_w, &data.clock, tc.batch_size, false, device)?;
@@ -429,9 +497,10 @@ pub fn train<B: AutodiffBackend>(
             grad_norm: norm_sum / steps.max(1) as f64,
             seconds: start.elapsed().as_secs_f64(),
         };
-        log(&serde_json::to_string(&record).expect("serialisable"));
+        let best = val_mse < meta.best_val;
+        report(Progress::EpochEnd { record: &record, best });
         meta.history.push(record);
-        if val_mse < meta.best_val {
+        if best {
             meta.best_val = val_mse;
             meta.best_epoch = epoch;
             save_checkpoint(&valid, config, &serde_json::to_value(&meta).expect("serialisable"), &dir.best())?;

@@ -108,6 +108,25 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
     let inf = write("inf.csv", "date,a,b\nx,1,inf\ny,3,4\n");
     let ragged = write("ragged.csv", "date,a,b\nx,1,2\ny,3\n");
     let short = write("short.csv", &synthetic_csv(40));
+    let headerless = write("headerless.csv", &synthetic_csv(300).lines().skip(1).map(|l| l.to_string() + "\n").collect::<String>());
+    let twice = write("twice.csv", &synthetic_csv(300).replacen("date,a,b,c", "date,a,b,a", 1));
+    let empty_cell = {
+        // Line 3, column `b`, left empty.
+        let mut lines: Vec<String> = synthetic_csv(300).lines().map(String::from).collect();
+        let mut cells: Vec<String> = lines[2].split(',').map(String::from).collect();
+        cells[2].clear();
+        lines[2] = cells.join(",");
+        write("emptycell.csv", &(lines.join("\n") + "\n"))
+    };
+    let with_column = |f: &dyn Fn(usize) -> String| {
+        let mut text = String::new();
+        for (t, l) in synthetic_csv(300).lines().enumerate() {
+            text += &format!("{l},{}\n", if t == 0 { "d".to_string() } else { f(t) });
+        }
+        text
+    };
+    let constant = write("constant.csv", &with_column(&|_| "5".into()));
+    let huge = write("huge.csv", &with_column(&|t| format!("{:e}", 1e300 * (1.0 + (t as f64 * 0.1).cos()))));
 
     // A real checkpoint, then damaged copies of it.
     let trained = train_tiny(&dir, &good, &[]);
@@ -151,6 +170,19 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
             "headdim not dividing",
             vec!["train", "--data", g, "--d-model", "10", "--headdim", "3", "--lookback", "12", "--horizon", "3"],
             "headdim must divide",
+        ),
+        ("headerless CSV", vec!["train", "--data", headerless.to_str().unwrap()], "looks like data, not a header"),
+        ("a column named twice", vec!["train", "--data", twice.to_str().unwrap()], "column `a` appears twice in the header"),
+        ("an empty cell", vec!["train", "--data", empty_cell.to_str().unwrap()], "line 3, column `b`: empty cell"),
+        (
+            "a constant column",
+            vec!["train", "--data", constant.to_str().unwrap(), "--lookback", "12", "--horizon", "3"],
+            "column `d` is constant",
+        ),
+        (
+            "values too large to scale",
+            vec!["train", "--data", huge.to_str().unwrap(), "--lookback", "12", "--horizon", "3"],
+            "values too large to scale",
         ),
         ("patch 0", vec!["train", "--data", g, "--patch", "0", "--lookback", "12", "--horizon", "3"], "patch must be at least 1"),
         ("lookback 0", vec!["train", "--data", g, "--lookback", "0", "--horizon", "3"], "lookback must be at least 1"),
@@ -280,7 +312,7 @@ fn killed_and_resumed(name: &str, extra: &[&str]) {
     let o = run(bin().args(&resume));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(stdout.contains("resuming after epoch"), "{stdout}");
+    assert!(stdout.contains("resuming from last.ckpt"), "{stdout}");
     assert_eq!(summary(&killed), summary(&straight), "resumed and uninterrupted runs differ");
     let metrics = |d: &Path| {
         std::fs::read_to_string(d.join("metrics.jsonl"))

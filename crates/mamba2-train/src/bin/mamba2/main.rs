@@ -7,6 +7,8 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
+mod report;
+
 use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
@@ -14,12 +16,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba2_model::{load_checkpoint, Loaded};
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
+use mamba2_train::data::{repeat_baseline, ColumnChoice, ErrorSums, Scaler, Split, Table, Windows};
 use mamba2_train::plot::{line_chart, Series};
-use mamba2_train::{evaluate, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig};
+use mamba2_train::{
+    evaluate, evaluate_targets, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig,
+};
+use report::Reporter;
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
-const ETTH1: &str = include_str!("../../../../data/ett/ETTh1.csv");
+const ETTH1: &str = include_str!("../../../../../data/ett/ETTh1.csv");
 const ETTH1_NAME: &str = "ETTh1.csv (embedded)";
 
 #[derive(Parser)]
@@ -188,9 +193,12 @@ struct TrainArgs {
     /// Of those rows, the last and every N-th before it are trained on.
     #[arg(long, default_value_t = TrainConfig::default().loss_every)]
     loss_every: usize,
-    /// Output directory (checkpoints, metrics.jsonl, plots).
-    #[arg(long, default_value = "runs/etth1")]
-    out: PathBuf,
+    /// Output directory (checkpoints, metrics.jsonl, plots) [default: runs/<data file name>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print each epoch's record as a JSON line instead of a progress display.
+    #[arg(long)]
+    json: bool,
     /// Continue the run in --out from its last checkpoint.
     #[arg(long)]
     resume: bool,
@@ -311,7 +319,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (None, None) => Split::Fractions { train: 0.7, val: 0.1 },
     };
     let ranges = split.ranges(table.rows.len(), a.lookback)?;
-    let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1]);
+    let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
+    let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).with_context(|| source.clone())?;
     let rows = scaler.transform(&table.rows);
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(&table, calendar.as_ref());
@@ -360,13 +369,21 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
         Windows::new(&data.rows, r, a.lookback, a.horizon, 1).with_context(|| format!("{name} split"))?;
     }
+    let out_dir = a.out.clone().unwrap_or_else(|| {
+        let stem = a.data.data.as_ref().and_then(|p| p.file_stem()).map_or("etth1".into(), |s| s.to_string_lossy().to_string());
+        PathBuf::from("runs").join(stem)
+    });
     let seeds = a.seeds.clone().unwrap_or_else(|| vec![a.seed]);
     let dirs: Vec<PathBuf> =
-        if seeds.len() > 1 { seeds.iter().map(|s| a.out.join(format!("seed-{s}"))).collect() } else { vec![a.out.clone()] };
+        if seeds.len() > 1 { seeds.iter().map(|s| out_dir.join(format!("seed-{s}"))).collect() } else { vec![out_dir.clone()] };
     for d in &dirs {
         if !a.resume && RunDir(d.clone()).last().exists() {
             bail!("{} already holds a run; pass --resume to continue it or choose another --out", d.display());
         }
+    }
+    let info = RunInfo::new(&a, &table, is_etth1, &split, &config, &tc, &data, &out_dir);
+    if !a.json {
+        info.print(&seeds);
     }
     let mut results = Vec::new();
     for (&seed, out) in seeds.iter().zip(&dirs) {
@@ -374,7 +391,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             println!("== seed {seed} ({})", out.display());
         }
         let tc = TrainConfig { seed, ..tc.clone() };
-        results.push(train_one(&a, &config, &tc, &data, out, is_etth1)?);
+        results.push(train_one(&a, &config, &tc, &data, out, &info)?);
     }
     if seeds.len() > 1 && !a.no_test {
         let stats = |f: fn(&(f64, f64)) -> f64| {
@@ -391,7 +408,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
         );
         let json = serde_json::json!({"seeds": seeds, "test_mse": results.iter().map(|r| r.0).collect::<Vec<_>>(), "test_mae": results.iter().map(|r| r.1).collect::<Vec<_>>(), "mse_mean": mm, "mse_std": ms, "mae_mean": am, "mae_std": as_});
-        mamba2_model::write_atomically(&a.out.join("seeds.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
+        mamba2_model::write_atomically(&out_dir.join("seeds.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
 }
@@ -404,55 +421,217 @@ fn train_one(
     tc: &TrainConfig,
     data: &Prepared,
     out: &Path,
-    is_etth1: bool,
+    info: &RunInfo,
 ) -> Result<(f64, f64)> {
     let dir = RunDir(out.to_path_buf());
     let started = std::time::Instant::now();
     let ranges = data.ranges;
+    let mut reporter = Reporter::new(a.json, tc.epochs, config.spec.lookback * config.spec.targets.len());
     with_backend!(a.backend, B, {
         let device = Default::default();
-        let summary = train::<B>(config, tc, data, &dir, a.resume, &device, |line| println!("{line}"))?;
+        let summary = train::<B>(config, tc, data, &dir, a.resume, &device, |p| reporter.show(p))?;
         let loaded =
             load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
                 c.init(d)
             })?;
         let test = Windows::new(&data.rows, ranges[2], a.lookback, a.horizon, 1)?;
-        println!();
+        let best = &summary.history[summary.best_epoch.max(1) - 1];
         println!(
-            "best epoch {} of {}{}",
+            "best epoch {} of {}{}: validation MSE {:.4}, MAE {:.4}; best.ckpt holds it",
             summary.best_epoch,
             summary.history.len(),
             if summary.stopped_early { " (early stop)" } else { "" },
+            best.val_mse,
+            best.val_mae,
         );
+        let mut summary_json = info.json();
+        summary_json["best_epoch"] = summary.best_epoch.into();
+        summary_json["epochs_run"] = summary.history.len().into();
+        summary_json["val_mse"] = best.val_mse.into();
+        summary_json["val_mae"] = best.val_mae.into();
         if a.no_test {
             let secs = started.elapsed().as_secs_f64();
             println!("wall time {secs:.0} s; test split not evaluated (--no-test)");
-            let summary_json =
-                serde_json::json!({"best_epoch": summary.best_epoch, "epochs_run": summary.history.len(), "wall_seconds": secs});
+            summary_json["wall_seconds"] = secs.into();
             mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
             return Ok((f64::NAN, f64::NAN));
         }
-        let (mse, mae) = evaluate(&loaded.module, &test, &data.clock, 32, true, &device)?;
+        let per_target = evaluate_targets(&loaded.module, &test, &data.clock, 32, true, &device)?;
+        let (mse, mae) = per_target.iter().fold(ErrorSums::default(), |x, y| x.merge(y)).mse_mae();
         let (rmse, rmae) = repeat_baseline(&test, &data.targets, 32);
         let secs = started.elapsed().as_secs_f64();
         println!("wall time {secs:.0} s");
-        println!("test (L {}, H {}, {} windows, batch 32, last partial batch dropped):", a.lookback, a.horizon, test.len() / 32 * 32);
+        println!(
+            "test (L {}, H {}, {} windows, batch 32, last partial batch dropped), scaled units:",
+            a.lookback,
+            a.horizon,
+            test.len() / 32 * 32
+        );
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "mamba2", mse, mae);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
-        if is_etth1 && a.lookback == 96 && config.spec.targets.len() == 7 {
+        // The same errors in each column's own units: the scaler divided column j by std_j.
+        println!("test per column, in the data's units:");
+        let mut units = Vec::new();
+        for ((name, &j), e) in config.spec.targets.iter().zip(&data.targets).zip(&per_target) {
+            let (m, ae) = e.mse_mae();
+            let sd = data.scaler.std[j];
+            println!("  {name:<14} MSE {:<12.6} MAE {:<10.6} (RMSE {:.6})", m * sd * sd, ae * sd, (m * sd * sd).sqrt());
+            units.push(serde_json::json!({"column": name, "mse": m * sd * sd, "mae": ae * sd, "mse_scaled": m, "mae_scaled": ae}));
+        }
+        if info.is_etth1 && a.lookback == 96 && config.spec.targets.len() == 7 {
             let rows = published(a.horizon);
             if !rows.is_empty() {
-                println!("published (ETTh1, L 96; sources in docs/forecasting.md):");
+                println!("published (ETTh1, L 96, scaled units; sources in docs/forecasting.md):");
                 for (name, m, e) in rows {
                     println!("  {name:<14} MSE {m:.3}  MAE {e:.3}");
                 }
             }
         }
-        let summary_json = serde_json::json!({"test_mse": mse, "test_mae": mae, "repeat_mse": rmse, "repeat_mae": rmae, "best_epoch": summary.best_epoch, "epochs_run": summary.history.len(), "wall_seconds": secs});
+        for (k, v) in [("test_mse", mse), ("test_mae", mae), ("repeat_mse", rmse), ("repeat_mae", rmae), ("wall_seconds", secs)] {
+            summary_json[k] = v.into();
+        }
+        summary_json["test_windows"] = (test.len() / 32 * 32).into();
+        summary_json["test_per_column"] = units.into();
         mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
         plots(out, &summary.history, &loaded.module, &test, &data.clock, &device)?;
         Ok((mse, mae))
     })
+}
+
+/// What a run reads, how it splits it, and what it trains: printed before training and recorded
+/// in `summary.json`.
+struct RunInfo {
+    is_etth1: bool,
+    lines: Vec<(String, String)>,
+    json: serde_json::Value,
+}
+
+impl RunInfo {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        a: &TrainArgs,
+        table: &Table,
+        is_etth1: bool,
+        split: &Split,
+        config: &ForecasterConfig,
+        tc: &TrainConfig,
+        data: &Prepared,
+        out: &Path,
+    ) -> Self {
+        let s = &config.spec;
+        let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
+        let [tr, va, te] = data.ranges;
+        let windows = |r: (usize, usize)| (r.1 - r.0 + 1).saturating_sub(s.lookback + s.horizon);
+        let split_kind = match split {
+            Split::Borders { .. } if is_etth1 && a.borders.is_none() => "the ETT protocol's borders",
+            Split::Borders { .. } => "--borders",
+            Split::Fractions { .. } if a.split.is_some() => "--split fractions",
+            Split::Fractions { .. } => "default fractions 0.7, 0.1, 0.2",
+        };
+        let calendar = match (&s.calendar, &table.date_column) {
+            (Some(c), Some(d)) => format!(
+                "date column `{d}`, a row every {} s, cycles of {} rows{}",
+                c.interval,
+                c.periods.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" and "),
+                if s.cycle > 0 { format!(", learned cycle of {} rows", s.cycle) } else { String::new() }
+            ),
+            (None, Some(d)) if table.times.is_some() => format!("date column `{d}` (no calendar: irregular or --no-calendar)"),
+            (None, Some(d)) => format!("column `{d}` skipped: it does not read as dates, so no calendar"),
+            (None, None) | (Some(_), None) => "no date column, so no calendar".into(),
+        };
+        // Counted on Flex: NdArray<f32> beside a training NdArray<f64> in one process mixes their float types.
+        let params = config.init::<Flex>(&Default::default()).map(|m| burn::module::Module::num_params(&m)).unwrap_or(0);
+        let steps = (windows(tr) / tc.stride).div_ceil(tc.batch_size);
+        let b = &config.backbone;
+        let threads = rayon::current_num_threads();
+        let backend = match (a.backend.device, a.backend.dtype) {
+            (DeviceArg::Cpu, DtypeArg::F32) => "CPU, Flex f32",
+            (DeviceArg::Cpu, DtypeArg::F64) => "CPU, NdArray f64",
+            (DeviceArg::Cuda, _) => "CUDA f32",
+        };
+        let lines = vec![
+            ("data".into(), format!("{source}: {} rows, {} columns ({}); {calendar}", table.rows.len(), s.features.len(), s.features.join(", "))),
+            (
+                "split".into(),
+                format!(
+                    "{split_kind}: train rows {}..{} ({} windows), validation {}..{} ({}), test {}..{} ({})",
+                    tr.0,
+                    tr.1,
+                    windows(tr),
+                    va.0,
+                    va.1,
+                    windows(va),
+                    te.0,
+                    te.1,
+                    windows(te)
+                ),
+            ),
+            (
+                "task".into(),
+                format!("L {}, H {}: {} predicted series, each a sequence of its own; {} covariates", s.lookback, s.horizon, s.targets.len(), s.features.len() - s.targets.len() + if s.mix { s.targets.len() } else { 0 }),
+            ),
+            (
+                "model".into(),
+                format!(
+                    "Mamba-2 d_model {}, {} block{}, d_state {}, headdim {}, expand {}; patch {}, rolling mean over {} rows{}; {params} parameters",
+                    b.d_model,
+                    b.n_layer,
+                    if b.n_layer == 1 { "" } else { "s" },
+                    b.d_state,
+                    b.headdim,
+                    b.expand,
+                    s.patch,
+                    s.norm_window,
+                    if s.scale { " and std" } else { "" }
+                ),
+            ),
+            (
+                "training".into(),
+                format!(
+                    "at most {} epoch{} (early stop after {} without a better validation MSE), each about {steps} steps of {} windows \
+                     (1 in {} of the training windows), peak lr {:e}, loss {}",
+                    tc.epochs,
+                    if tc.epochs == 1 { "" } else { "s" },
+                    tc.patience,
+                    tc.batch_size,
+                    tc.stride,
+                    tc.lr,
+                    match tc.loss {
+                        Loss::Mse => "mse",
+                        Loss::Mae => "mae",
+                        Loss::MseMae => "mse + mae",
+                    }
+                ),
+            ),
+            ("backend".into(), format!("{backend}, {threads} threads")),
+            ("out".into(), out.display().to_string()),
+        ];
+        let json = serde_json::json!({
+            "data": source,
+            "rows": table.rows.len(),
+            "columns": s.features,
+            "targets": s.targets,
+            "split": split_kind,
+            "ranges": {"train": [tr.0, tr.1], "validation": [va.0, va.1], "test": [te.0, te.1]},
+            "windows": {"train": windows(tr), "validation": windows(va), "test": windows(te)},
+            "parameters": params,
+        });
+        Self { is_etth1, lines, json }
+    }
+
+    fn print(&self, seeds: &[u64]) {
+        for (k, v) in &self.lines {
+            println!("{k:<9} {v}");
+        }
+        if seeds.len() > 1 {
+            println!("{:<9} {}", "seeds", seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "));
+        }
+        println!();
+    }
+
+    fn json(&self) -> serde_json::Value {
+        self.json.clone()
+    }
 }
 
 /// loss.png: train (blue) and validation (orange) loss per epoch; forecast.png: the last target
@@ -585,9 +764,11 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         if line.trim().is_empty() {
             continue;
         }
-        let table = Table::from_csv_str(
-            &format!("{header}\n{line}\n"),
-            &format!("stdin row {}", i + 1),
+        let table = Table::from_header_and_row(
+            &header,
+            &line,
+            i + 2,
+            "stdin",
             &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
         )?;
         let clock = match (&spec.calendar, &table.times) {

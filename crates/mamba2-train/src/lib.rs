@@ -50,7 +50,7 @@ pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec
 pub use memory::keep_freed_memory;
 pub use stream::ForecastStream;
 pub use trainer::{
-    evaluate, evaluate_continuous, evaluate_targets, train, train_step, EpochRecord, Loss, Prepared, Progress, RunDir, TrainConfig,
+    evaluate, evaluate_continuous, evaluate_table, train, train_step, EpochRecord, Loss, Prepared, Progress, RunDir, TrainConfig,
     TrainSummary,
 };
 

@@ -14,7 +14,7 @@ use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError, StepR
 use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{ErrorSums, Scaler, Windows};
+use crate::data::{ErrorSums, ErrorTable, Scaler, Windows};
 use crate::ema::Ema;
 use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
 use crate::TrainError;
@@ -280,23 +280,22 @@ pub fn evaluate<B: Backend>(
     drop_last: bool,
     device: &B::Device,
 ) -> Result<(f64, f64), TrainError> {
-    let per = evaluate_targets(model, w, clock, batch_size, drop_last, device)?;
-    Ok(per.iter().fold(ErrorSums::default(), |a, b| a.merge(b)).mse_mae())
+    Ok(evaluate_table(model, w, clock, batch_size, drop_last, device)?.total().mse_mae())
 }
 
-/// The errors of [`evaluate`], per target (in the order of the model's targets), in the data's
-/// scaled units.
-pub fn evaluate_targets<B: Backend>(
+/// The errors of [`evaluate`] per target (in the order of the model's targets) and forecast
+/// step, in the data's scaled units.
+pub fn evaluate_table<B: Backend>(
     model: &Forecaster<B>,
     w: &Windows,
     clock: &[i64],
     batch_size: usize,
     drop_last: bool,
     device: &B::Device,
-) -> Result<Vec<ErrorSums>, TrainError> {
+) -> Result<ErrorTable, TrainError> {
     let n = if drop_last { w.len() / batch_size * batch_size } else { w.len() };
     let t_n = model.target_indices().len();
-    let mut sums = vec![ErrorSums::default(); t_n];
+    let mut table = ErrorTable::new(t_n, w.horizon);
     let starts: Vec<usize> = w.starts[..n].to_vec();
     for chunk in starts.chunks(batch_size) {
         let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1);
@@ -304,10 +303,10 @@ pub fn evaluate_targets<B: Backend>(
         let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(w.horizon, device))?);
         // Sequence `window * T + target`, each H values.
         for (seq, (p, t)) in pred.chunks(w.horizon).zip(truth.chunks(w.horizon)).enumerate() {
-            sums[seq % t_n].add(p, t);
+            table.add(seq % t_n, p, t);
         }
     }
-    Ok(sums)
+    Ok(table)
 }
 
 /// MSE and MAE of the forecasts that `stream` makes when it reads `rows` from the first row on:

@@ -398,3 +398,44 @@ fn a_diverging_run_stops_naming_the_step() {
     assert!(stderr.contains("gradient of ") || stderr.contains("loss is "), "{stderr}");
     assert!(!stderr.contains("panicked"));
 }
+
+/// Pixels of exactly this colour: lines are drawn in their own colour, so a chart whose line
+/// is missing has none.
+fn pixels_of(rgb: &[u8], c: [u8; 3]) -> usize {
+    rgb.chunks(3).filter(|p| *p == c).count()
+}
+
+/// The three charts a run writes decode as PNGs with both axes and every line's colour drawn,
+/// for a multi-step horizon, for H 1 (one-step forecasts over the test split) and after a single
+/// epoch (the loss as markers).
+#[test]
+fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
+    use mamba2_train::plot::{has_axes_and, read_png};
+    let dir = scratch("png");
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, synthetic_csv(1200)).unwrap();
+    let (blue, orange, green, red, grey) = ([31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [127, 127, 127]);
+    for (name, horizon, epochs) in [("h96", "96", "2"), ("h1", "1", "2"), ("one-epoch", "3", "1")] {
+        let out = dir.join(name);
+        let mut tiny = TINY;
+        tiny[3] = horizon;
+        let o = run(bin().arg("train").arg("--data").arg(&csv).arg("--out").arg(&out).args(tiny).args([
+            "--epochs",
+            epochs,
+            "--batch-size",
+            "16",
+        ]));
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        for (file, colours) in
+            [("loss.png", vec![blue, orange, green]), ("forecast.png", vec![[0, 0, 0], red]), ("error_by_step.png", vec![red, grey])]
+        {
+            let (w, h, rgb) = read_png(&out.join(file)).unwrap_or_else(|e| panic!("{name}/{file}: {e}"));
+            assert_eq!((w, h), (720, 420), "{name}/{file}");
+            assert!(has_axes_and(&rgb, w, h, &colours), "{name}/{file}: axes or a line missing");
+            // A line or its markers, not a stray pixel: at least a marker's worth of each colour.
+            for c in colours {
+                assert!(pixels_of(&rgb, c) >= 20, "{name}/{file}: only {} pixels of {c:?}", pixels_of(&rgb, c));
+            }
+        }
+    }
+}

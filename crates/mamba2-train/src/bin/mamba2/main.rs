@@ -16,10 +16,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba2_model::{load_checkpoint, Loaded};
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{repeat_baseline, ColumnChoice, ErrorSums, Scaler, Split, Table, Windows};
-use mamba2_train::plot::{line_chart, Series};
+use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
+use mamba2_train::plot::{draw, Chart, Line};
 use mamba2_train::{
-    evaluate, evaluate_targets, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig,
+    evaluate, evaluate_table, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig,
 };
 use report::Reporter;
 
@@ -449,16 +449,18 @@ fn train_one(
         summary_json["epochs_run"] = summary.history.len().into();
         summary_json["val_mse"] = best.val_mse.into();
         summary_json["val_mae"] = best.val_mae.into();
+        loss_plot(out, &summary.history, summary.best_epoch)?;
         if a.no_test {
             let secs = started.elapsed().as_secs_f64();
             println!("wall time {secs:.0} s; test split not evaluated (--no-test)");
             summary_json["wall_seconds"] = secs.into();
             mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
+            println!("wrote {}: best.ckpt, last.ckpt, metrics.jsonl, summary.json, loss.png", out.display());
             return Ok((f64::NAN, f64::NAN));
         }
-        let per_target = evaluate_targets(&loaded.module, &test, &data.clock, 32, true, &device)?;
-        let (mse, mae) = per_target.iter().fold(ErrorSums::default(), |x, y| x.merge(y)).mse_mae();
-        let (rmse, rmae) = repeat_baseline(&test, &data.targets, 32);
+        let errors = evaluate_table(&loaded.module, &test, &data.clock, 32, true, &device)?;
+        let repeat = repeat_table(&test, &data.targets, 32);
+        let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         let secs = started.elapsed().as_secs_f64();
         println!("wall time {secs:.0} s");
         println!(
@@ -472,8 +474,8 @@ fn train_one(
         // The same errors in each column's own units: the scaler divided column j by std_j.
         println!("test per column, in the data's units:");
         let mut units = Vec::new();
-        for ((name, &j), e) in config.spec.targets.iter().zip(&data.targets).zip(&per_target) {
-            let (m, ae) = e.mse_mae();
+        for (t, (name, &j)) in config.spec.targets.iter().zip(&data.targets).enumerate() {
+            let (m, ae) = errors.target(t).mse_mae();
             let sd = data.scaler.std[j];
             println!("  {name:<14} MSE {:<12.6} MAE {:<10.6} (RMSE {:.6})", m * sd * sd, ae * sd, (m * sd * sd).sqrt());
             units.push(serde_json::json!({"column": name, "mse": m * sd * sd, "mae": ae * sd, "mse_scaled": m, "mae_scaled": ae}));
@@ -493,7 +495,8 @@ fn train_one(
         summary_json["test_windows"] = (test.len() / 32 * 32).into();
         summary_json["test_per_column"] = units.into();
         mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
-        plots(out, &summary.history, &loaded.module, &test, &data.clock, &device)?;
+        test_plots(out, &loaded.module, &test, data, (&errors, &repeat), &device)?;
+        println!("wrote {}: best.ckpt, last.ckpt, metrics.jsonl, summary.json, loss.png, forecast.png, error_by_step.png", out.display());
         Ok((mse, mae))
     })
 }
@@ -634,35 +637,101 @@ impl RunInfo {
     }
 }
 
-/// loss.png: train (blue) and validation (orange) loss per epoch; forecast.png: the last target
-/// column over the first test window's horizon, actual (black) and forecast (red).
-fn plots<B: burn::prelude::Backend>(
+/// The run's charts (sample images in docs/img/):
+/// - `loss.png`: training loss and validation MSE and MAE per epoch, the best epoch marked;
+/// - `forecast.png`: the last target over the first test window: its lookback and what followed
+///   (black) and the forecast (red), in the data's units; for H 1, the one-step forecasts over
+///   the first 240 test rows instead;
+/// - `error_by_step.png`: test MSE per forecast step, the model's and Repeat's.
+#[allow(clippy::too_many_arguments)]
+fn line(label: &str, points: Vec<(f64, f64)>, rgb: [u8; 3], dashed: bool) -> Line<'_> {
+    Line { label, points, rgb, markers: false, dashed }
+}
+
+/// `loss.png`: the training loss and the validation errors per epoch, and the best epoch.
+fn loss_plot(out: &Path, history: &[mamba2_train::EpochRecord], best_epoch: usize) -> Result<()> {
+    let per_epoch = |f: fn(&mamba2_train::EpochRecord) -> f64| history.iter().map(|r| (r.epoch as f64, f(r))).collect::<Vec<_>>();
+    draw(
+        &out.join("loss.png"),
+        &Chart {
+            title: "Loss per epoch",
+            x_label: "epoch",
+            y_label: "loss (scaled units)",
+            lines: vec![
+                line("training loss (the optimised one)", per_epoch(|r| r.train_loss), [31, 119, 180], false),
+                line("validation MSE", per_epoch(|r| r.val_mse), [255, 127, 14], false),
+                line("validation MAE", per_epoch(|r| r.val_mae), [44, 160, 44], true),
+            ],
+            marks: vec![(best_epoch as f64, format!("best epoch ({best_epoch}): best.ckpt"))],
+            integer_x: true,
+        },
+        720,
+        420,
+    )?;
+    Ok(())
+}
+
+/// `forecast.png` (the first test window's forecast, or for H 1 a stretch of one-step
+/// forecasts, in the data's units) and `error_by_step.png` (test MSE per forecast step beside
+/// Repeat's).
+fn test_plots<B: burn::prelude::Backend>(
     out: &Path,
-    history: &[mamba2_train::EpochRecord],
     model: &Forecaster<B>,
     test: &Windows,
-    clock: &[i64],
+    data: &Prepared,
+    (errors, repeat): (&ErrorTable, &ErrorTable),
     device: &B::Device,
 ) -> Result<()> {
-    let train: Vec<f64> = history.iter().map(|r| r.train_loss).collect();
-    let val: Vec<f64> = history.iter().map(|r| r.val_mse).collect();
-    line_chart(
-        &out.join("loss.png"),
-        &[Series { values: &train, rgb: [31, 119, 180] }, Series { values: &val, rgb: [255, 127, 14] }],
-        640,
-        360,
-    )?;
-    let hb = model.feature_map().build::<B::FloatElem>(test.rows, clock, &test.starts[..1], test.lookback, 1, 1);
-    let truth = hb.truth.clone();
-    let pred = to_f64_vec(model.forward(&hb.into_device(test.horizon, device))?);
-    // Sequences are series-major: the last target's forecast is the last H values.
-    let h = test.horizon;
-    let col = |v: &[f64]| v[v.len() - h..].to_vec();
-    line_chart(
+    let (l, h) = (test.lookback, test.horizon);
+    let t = model.target_indices().len();
+    let j = *model.target_indices().last().expect("a model has a target");
+    let name = model.spec().targets.last().expect("a model has a target").clone();
+    let units = |v: f64| data.scaler.inverse(j, v);
+    let forecast_title;
+    let (actual, forecast): (Vec<(f64, f64)>, Vec<(f64, f64)>) = if h == 1 {
+        // One-step forecasts over a stretch of the test split, each from its own window.
+        let n = test.len().min(240);
+        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &test.starts[..n], l, 1, 1);
+        let truth = hb.truth.clone();
+        let pred = to_f64_vec(model.forward(&hb.into_device(1, device))?);
+        forecast_title = format!("{name}: one-step forecasts over the first {n} test rows");
+        let pick = |v: &[f64]| (0..n).map(|w| (w as f64 + 1.0, units(v[w * t + t - 1]))).collect();
+        (pick(&truth), pick(&pred))
+    } else {
+        let s = test.starts[0];
+        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &[s], l, 1, 1);
+        let pred = to_f64_vec(model.forward(&hb.into_device(h, device))?);
+        forecast_title = format!("{name}: the forecast after the first test window (L {l}, H {h})");
+        let actual = (0..l + h).map(|i| (i as f64 - (l as f64 - 1.0), units(test.rows[s + i][j]))).collect();
+        (actual, pred[pred.len() - h..].iter().enumerate().map(|(k, &v)| ((k + 1) as f64, units(v))).collect())
+    };
+    let x_label = if h == 1 { "test row" } else { "rows after the last one the model saw" };
+    draw(
         &out.join("forecast.png"),
-        &[Series { values: &col(&truth), rgb: [0, 0, 0] }, Series { values: &col(&pred), rgb: [214, 39, 40] }],
-        640,
-        360,
+        &Chart {
+            title: &forecast_title,
+            x_label,
+            y_label: &format!("{name} (data units)"),
+            lines: vec![line("actual", actual, [0, 0, 0], false), line("forecast", forecast, [214, 39, 40], false)],
+            marks: if h == 1 { Vec::new() } else { vec![(0.0, "the last row the model saw".into())] },
+            integer_x: true,
+        },
+        720,
+        420,
+    )?;
+    let by_step = |e: &ErrorTable| (0..h).map(|k| ((k + 1) as f64, e.step(k).mse_mae().0)).collect::<Vec<_>>();
+    draw(
+        &out.join("error_by_step.png"),
+        &Chart {
+            title: "Test error by forecast step",
+            x_label: "forecast step",
+            y_label: "MSE (scaled units, all targets)",
+            lines: vec![line("mamba2", by_step(errors), [214, 39, 40], false), line("Repeat", by_step(repeat), [127, 127, 127], true)],
+            marks: Vec::new(),
+            integer_x: true,
+        },
+        720,
+        420,
     )?;
     Ok(())
 }

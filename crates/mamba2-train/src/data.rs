@@ -1,4 +1,4 @@
-//! CSV time series: loading, chronological splits, z-score scaling fitted on the training rows,
+//! Time series from CSV or Parquet: loading, chronological splits, z-score scaling fitted on the training rows,
 //! and windows of `lookback` inputs and `horizon` targets.
 
 use std::path::Path;
@@ -33,39 +33,86 @@ pub struct ColumnChoice {
     pub columns: Option<Vec<String>>,
 }
 
-fn split_csv_line(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                cur.push('"');
-                chars.next();
-            }
-            ('"', _) => quoted = !quoted,
-            (',', false) => out.push(std::mem::take(&mut cur)),
-            _ => cur.push(c),
+/// One cell as a reader found it: text (CSV, Parquet strings), a typed number or time
+/// (Parquet), or nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cell {
+    Text(String),
+    Number(f64),
+    /// Seconds since 1970-01-01.
+    Time(i64),
+    Null,
+}
+
+impl Cell {
+    fn is_number(&self) -> bool {
+        match self {
+            Cell::Number(_) => true,
+            Cell::Text(t) => t.parse::<f64>().is_ok(),
+            Cell::Time(_) | Cell::Null => false,
         }
     }
-    out.push(cur);
-    out.into_iter().map(|s| s.trim().to_string()).collect()
+
+    fn time(&self) -> Option<i64> {
+        match self {
+            Cell::Time(t) => Some(*t),
+            Cell::Text(t) => parse_time(t),
+            Cell::Number(_) | Cell::Null => None,
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            Cell::Text(t) => t.clone(),
+            Cell::Number(v) => v.to_string(),
+            Cell::Time(t) => format!("the time {t} s"),
+            Cell::Null => "null".into(),
+        }
+    }
+}
+
+/// Where rows come from, for error messages: CSV rows are named by their line in the file,
+/// Parquet rows by their number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowNames {
+    Lines,
+    Rows,
+}
+
+/// Whether `bytes` open like a Parquet file (its magic number).
+pub fn is_parquet(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PAR1")
 }
 
 impl Table {
-    /// Reads `path`. Every chosen cell must be a finite number; the error names the file, the
-    /// line and the column of the first one that is not.
-    pub fn from_csv_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
-        let text = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), cause: source })?;
-        let text =
-            String::from_utf8(text).map_err(|_| TrainError::Data { origin: path.display().to_string(), why: "not UTF-8 text".into() })?;
-        Self::from_csv_str(&text, &path.display().to_string(), choice)
+    /// Reads `path`: a Parquet file (recognised by its first bytes, whatever its name) or CSV
+    /// text. Every chosen cell must be a finite number; the error names the file, the line (or
+    /// the Parquet row) and the column of the first one that is not.
+    pub fn from_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
+        let bytes = std::fs::read(path).map_err(|source| TrainError::Io { path: path.display().to_string(), cause: source })?;
+        let origin = path.display().to_string();
+        if is_parquet(&bytes) {
+            return crate::parquet_input::read(bytes, &origin, choice);
+        }
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet")) {
+            return Err(TrainError::Data { origin, why: "named .parquet but not a Parquet file (it does not start with PAR1)".into() });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| TrainError::Data {
+            origin: origin.clone(),
+            why: format!("not UTF-8 text (invalid byte at offset {}); CSV must be UTF-8", e.utf8_error().valid_up_to()),
+        })?;
+        Self::from_csv_str(&text, &origin, choice)
     }
 
-    /// Parses CSV text (`source` names it in errors).
+    /// Reads the CSV file at `path` (see [`Table::from_path`], which also reads Parquet).
+    pub fn from_csv_path(path: &Path, choice: &ColumnChoice) -> Result<Self, TrainError> {
+        Self::from_path(path, choice)
+    }
+
+    /// Parses CSV text (`source` names it in errors): RFC 4180 quoting, CRLF or LF line ends, a
+    /// UTF-8 byte order mark, cells trimmed, blank lines skipped.
     pub fn from_csv_str(text: &str, source: &str, choice: &ColumnChoice) -> Result<Self, TrainError> {
-        Self::parse(text, source, choice, 0)
+        Self::parse_csv(text, source, choice, 0)
     }
 
     /// One data row that arrives on its own (`stream`), under its `header` line: errors name it
@@ -77,26 +124,60 @@ impl Table {
         source: &str,
         choice: &ColumnChoice,
     ) -> Result<Self, TrainError> {
-        Self::parse(&format!("{header}\n{row}\n"), source, choice, line_number.saturating_sub(2))
+        Self::parse_csv(&format!("{header}\n{row}\n"), source, choice, line_number.saturating_sub(2))
     }
 
-    /// `text` as CSV, its line `i` (from 0) named line `i + 1 + skip` in errors.
-    fn parse(text: &str, source: &str, choice: &ColumnChoice, skip: usize) -> Result<Self, TrainError> {
+    /// `text` as CSV, its data lines numbered from the file's (plus `skip`) in errors.
+    fn parse_csv(text: &str, source: &str, choice: &ColumnChoice, skip: usize) -> Result<Self, TrainError> {
         let err = |why: String| TrainError::Data { origin: source.to_string(), why };
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| (if i == 0 { 0 } else { i + skip }, l));
-        let (_, header) = lines.next().ok_or_else(|| err("empty file: no header row".into()))?;
-        let header = split_csv_line(header);
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
+        let mut records = reader.records().filter_map(|r| match r {
+            // A line of spaces alone is blank too (csv skips only empty ones).
+            Ok(rec) if rec.len() == 1 && rec[0].is_empty() => None,
+            Ok(rec) => {
+                let line = rec.position().map_or(0, |p| p.line() as usize);
+                Some(Ok((line, rec.iter().map(|c| Cell::Text(c.to_string())).collect::<Vec<_>>())))
+            }
+            Err(e) => Some(Err(err(format!("{}not CSV: {e}", e.position().map_or(String::new(), |p| format!("line {}: ", p.line())))))),
+        });
+        let (_, header) = records.next().transpose()?.ok_or_else(|| err("empty file: no header row".into()))?;
+        let header: Vec<String> = header.into_iter().map(|c| if let Cell::Text(t) = c { t } else { String::new() }).collect();
         if header.iter().all(|h| h.parse::<f64>().is_ok() || parse_time(h).is_some()) {
             return Err(err(format!(
                 "the first row ({}) holds only numbers and dates: it looks like data, not a header; add a header row naming the columns",
                 header.join(",")
             )));
         }
+        let rows = records.map(|r| r.map(|(line, cells)| (if skip > 0 { line + skip } else { line }, cells)));
+        Self::from_cells(header, rows, source, choice, RowNames::Lines)
+    }
+
+    /// The table of `header` and `rows` (each with its line or row number for errors): the
+    /// checks every reader shares.
+    pub(crate) fn from_cells(
+        header: Vec<String>,
+        rows: impl Iterator<Item = Result<(usize, Vec<Cell>), TrainError>>,
+        source: &str,
+        choice: &ColumnChoice,
+        names: RowNames,
+    ) -> Result<Self, TrainError> {
+        let err = |why: String| TrainError::Data { origin: source.to_string(), why };
+        let at = |n: usize| match names {
+            RowNames::Lines => format!("line {n}"),
+            RowNames::Rows => format!("row {n}"),
+        };
         for (i, h) in header.iter().enumerate() {
             if let Some(k) = header[..i].iter().position(|x| x == h) {
                 return Err(err(format!("column `{h}` appears twice in the header (columns {} and {})", k + 1, i + 1)));
             }
         }
+        let mut rows = rows.peekable();
+        let first: Vec<Cell> = match rows.peek() {
+            Some(Ok((_, cells))) => cells.clone(),
+            Some(Err(_)) => return Err(rows.next().expect("peeked").expect_err("peeked an error")),
+            None => Vec::new(),
+        };
         let date = match &choice.date_column {
             Some(d) => Some(
                 header
@@ -104,7 +185,11 @@ impl Table {
                     .position(|h| h == d)
                     .ok_or_else(|| err(format!("unknown date column `{d}` (columns: {})", header.join(", "))))?,
             ),
-            None => header.iter().position(|h| ["date", "time", "datetime", "timestamp"].contains(&h.to_ascii_lowercase().as_str())),
+            // A column named like a date, else the first whose cells are typed times (Parquet).
+            None => header
+                .iter()
+                .position(|h| ["date", "time", "datetime", "timestamp"].contains(&h.to_ascii_lowercase().as_str()))
+                .or_else(|| first.iter().position(|c| matches!(c, Cell::Time(_)))),
         };
         let picked: Vec<usize> = match &choice.columns {
             Some(cols) => cols
@@ -113,34 +198,37 @@ impl Table {
                     header.iter().position(|h| h == c).ok_or_else(|| err(format!("unknown column `{c}` (columns: {})", header.join(", "))))
                 })
                 .collect::<Result<_, _>>()?,
-            // Every numeric column: the ones whose first data cell is a number. A text column
-            // (an id, a label) is left out; a later bad cell in a numeric column is an error.
-            None => {
-                let first = lines.clone().next().map(|(_, l)| split_csv_line(l)).unwrap_or_default();
-                (0..header.len()).filter(|&i| Some(i) != date && first.get(i).is_none_or(|c| c.parse::<f64>().is_ok())).collect()
-            }
+            // Every numeric column: the ones whose first data cell is a number (or empty, so
+            // that the empty cell is reported). A text column (an id, a label) is left out; a
+            // later bad cell in a numeric column is an error.
+            None => (0..header.len())
+                .filter(|&i| {
+                    Some(i) != date
+                        && first.get(i).is_none_or(|c| c.is_number() || matches!(c, Cell::Null) || *c == Cell::Text(String::new()))
+                })
+                .collect(),
         };
         if picked.is_empty() {
             return Err(err("no numeric column to read".into()));
         }
-        let mut rows = Vec::new();
+        let mut table_rows = Vec::new();
         // Time stamps are kept when the first date cell reads as one; then every later cell must.
         let mut times: Option<Vec<i64>> = None;
-        for (i, (lineno, line)) in lines.enumerate() {
-            let cells = split_csv_line(line);
+        for (i, row) in rows.enumerate() {
+            let (n, cells) = row?;
             if cells.len() != header.len() {
-                return Err(err(format!("line {}: {} cells, the header has {}", lineno + 1, cells.len(), header.len())));
+                return Err(err(format!("{}: {} cells, the header has {}", at(n), cells.len(), header.len())));
             }
             if let Some(d) = date {
-                match (i, parse_time(&cells[d]), times.as_mut()) {
+                match (i, cells[d].time(), times.as_mut()) {
                     (0, Some(t), _) => times = Some(vec![t]),
                     (_, Some(t), Some(ts)) => ts.push(t),
                     (_, None, Some(_)) => {
                         return Err(err(format!(
-                            "line {}, column `{}`: `{}` is not a date like the rows before it",
-                            lineno + 1,
+                            "{}, column `{}`: `{}` is not a date like the rows before it",
+                            at(n),
                             header[d],
-                            cells[d]
+                            cells[d].shown()
                         )))
                     }
                     _ => {}
@@ -149,21 +237,32 @@ impl Table {
             let row = picked
                 .iter()
                 .map(|&j| {
-                    let cell = &cells[j];
-                    match cell.parse::<f64>() {
-                        _ if cell.is_empty() => Err(err(format!("line {}, column `{}`: empty cell", lineno + 1, header[j]))),
-                        Ok(v) if v.is_finite() => Ok(v),
-                        Ok(v) => Err(err(format!("line {}, column `{}`: {v} is not a finite number", lineno + 1, header[j]))),
-                        Err(_) => Err(err(format!("line {}, column `{}`: `{cell}` is not a number", lineno + 1, header[j]))),
+                    let bad = |what: String| Err(err(format!("{}, column `{}`: {what}", at(n), header[j])));
+                    match &cells[j] {
+                        Cell::Null => bad("empty cell".into()),
+                        Cell::Text(t) if t.is_empty() => bad("empty cell".into()),
+                        Cell::Number(v) if v.is_finite() => Ok(*v),
+                        Cell::Number(v) => bad(format!("{v} is not a finite number")),
+                        Cell::Time(_) => bad("a timestamp, not a number (name it with --date-column)".into()),
+                        Cell::Text(t) => match t.parse::<f64>() {
+                            Ok(v) if v.is_finite() => Ok(v),
+                            Ok(v) => bad(format!("{v} is not a finite number")),
+                            Err(_) => bad(format!("`{t}` is not a number")),
+                        },
                     }
                 })
                 .collect::<Result<Vec<f64>, _>>()?;
-            rows.push(row);
+            table_rows.push(row);
         }
-        if rows.is_empty() {
+        if table_rows.is_empty() {
             return Err(err("header only: no data rows".into()));
         }
-        Ok(Self { columns: picked.iter().map(|&j| header[j].clone()).collect(), rows, times, date_column: date.map(|d| header[d].clone()) })
+        Ok(Self {
+            columns: picked.iter().map(|&j| header[j].clone()).collect(),
+            rows: table_rows,
+            times,
+            date_column: date.map(|d| header[d].clone()),
+        })
     }
 
     /// Column indices of `names`, in the given order.
@@ -459,7 +558,11 @@ mod tests {
 
     #[test]
     fn quoted_cells_and_fraction_splits() {
-        assert_eq!(split_csv_line(r#"a,"b,c","d""e""#), ["a", "b,c", r#"d"e"#]);
+        let t =
+            Table::from_csv_str("\u{feff}x,\"y,z\",w\r\n1,\"2.5\",\"a \"\"q\"\"\"\r\n\r\n3, 4 ,b\r\n", "inline", &ColumnChoice::default())
+                .unwrap();
+        assert_eq!(t.columns, ["x", "y,z"], "BOM stripped, quoted header, text column left out");
+        assert_eq!(t.rows, [[1.0, 2.5], [3.0, 4.0]], "CRLF, quotes, blank line, spaces");
         let [tr, va, te] = Split::Fractions { train: 0.7, val: 0.1 }.ranges(100, 10).unwrap();
         assert_eq!((tr, va, te), ((0, 70), (60, 80), (70, 100)));
         let scaler = Scaler::fit(&[vec![1.0], vec![3.0]], &["a".into()]).unwrap();

@@ -42,6 +42,7 @@ pub mod ema;
 pub mod features;
 mod forecaster;
 mod memory;
+mod parquet_input;
 pub mod plot;
 mod stream;
 mod trainer;

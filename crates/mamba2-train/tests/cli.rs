@@ -439,3 +439,147 @@ fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
         }
     }
 }
+
+/// How the Parquet copy of a CSV stores its date column.
+#[derive(Clone, Copy)]
+enum ParquetDates {
+    /// INT64 TIMESTAMP(unit) with this many ticks per second.
+    Timestamp(i64, &'static str),
+    /// The CSV's own date strings.
+    Text,
+}
+
+/// Writes the rows of `csv` (a `date` column, then numbers) as a Parquet file of two row
+/// groups, Snappy-compressed, the numbers as nullable doubles (`None` for an empty CSV cell).
+fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
+    use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let date_type = match dates {
+        ParquetDates::Timestamp(_, unit) => format!("REQUIRED INT64 {} (TIMESTAMP({unit},true));", header[0]),
+        ParquetDates::Text => format!("REQUIRED BYTE_ARRAY {} (UTF8);", header[0]),
+    };
+    let numbers: String = header[1..].iter().map(|h| format!("OPTIONAL DOUBLE {h};")).collect();
+    let schema = Arc::new(parquet::schema::parser::parse_message_type(&format!("message m {{ {date_type} {numbers} }}")).unwrap());
+    let props = Arc::new(WriterProperties::builder().set_compression(parquet::basic::Compression::SNAPPY).build());
+    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    let half = rows.len() / 2;
+    for group in [&rows[..half], &rows[half..]] {
+        let mut rg = w.next_row_group().unwrap();
+        let mut j = 0;
+        while let Some(mut col) = rg.next_column().unwrap() {
+            if j == 0 {
+                match dates {
+                    ParquetDates::Timestamp(per_second, _) => {
+                        let ts: Vec<i64> = group.iter().map(|r| csv_seconds(r[0]) * per_second).collect();
+                        col.typed::<Int64Type>().write_batch(&ts, None, None).unwrap();
+                    }
+                    ParquetDates::Text => {
+                        let s: Vec<ByteArray> = group.iter().map(|r| ByteArray::from(r[0])).collect();
+                        col.typed::<ByteArrayType>().write_batch(&s, None, None).unwrap();
+                    }
+                }
+            } else {
+                let defs: Vec<i16> = group.iter().map(|r| i16::from(!r[j].is_empty())).collect();
+                let vals: Vec<f64> = group.iter().filter(|r| !r[j].is_empty()).map(|r| r[j].parse().unwrap()).collect();
+                col.typed::<DoubleType>().write_batch(&vals, Some(&defs), None).unwrap();
+            }
+            col.close().unwrap();
+            j += 1;
+        }
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Seconds since 1970 of a `YYYY-MM-DD HH:MM:SS` stamp, as the reader parses it.
+fn csv_seconds(s: &str) -> i64 {
+    mamba2_train::calendar::parse_time(s).unwrap()
+}
+
+/// A Parquet file with the CSV's rows (the dates as timestamps of any unit, or as strings)
+/// reads as the same table, so the same windows; trained the same way it gives the same model
+/// (every epoch's losses, and the forecasts, equal to the last digit).
+#[test]
+fn a_parquet_file_with_the_rows_of_a_csv_trains_the_same_model() {
+    use mamba2_train::data::{ColumnChoice, Table};
+    let dir = scratch("parquet");
+    let text = synthetic_csv(400);
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, &text).unwrap();
+    let from_csv = Table::from_path(&csv, &ColumnChoice::default()).unwrap();
+    for (name, dates) in [
+        ("millis", ParquetDates::Timestamp(1_000, "MILLIS")),
+        ("micros", ParquetDates::Timestamp(1_000_000, "MICROS")),
+        ("nanos", ParquetDates::Timestamp(1_000_000_000, "NANOS")),
+        ("text", ParquetDates::Text),
+    ] {
+        let pq = dir.join(format!("{name}.parquet"));
+        write_parquet(&pq, &text, dates);
+        let t = Table::from_path(&pq, &ColumnChoice::default()).unwrap();
+        assert_eq!(t, from_csv, "{name}: the Parquet table differs from the CSV's");
+    }
+    let pq = dir.join("millis.parquet");
+    let runs: Vec<(Vec<serde_json::Value>, String)> = [&csv, &pq]
+        .iter()
+        .enumerate()
+        .map(|(i, data)| {
+            let out = dir.join(format!("run{i}"));
+            let o = run(bin().arg("train").arg("--data").arg(data).arg("--out").arg(&out).args(TINY).args([
+                "--epochs",
+                "2",
+                "--batch-size",
+                "16",
+            ]));
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let epochs = std::fs::read_to_string(out.join("metrics.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    serde_json::json!([v["train_loss"], v["val_mse"], v["val_mae"]])
+                })
+                .collect();
+            let ckpt = out.join("best.ckpt");
+            let p =
+                run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", data.to_str().unwrap(), "--dtype", "f64"]));
+            assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+            (epochs, String::from_utf8_lossy(&p.stdout).into_owned())
+        })
+        .collect();
+    assert_eq!(runs[0].0.len(), 2);
+    assert_eq!(runs[0], runs[1], "CSV and Parquet runs differ");
+}
+
+/// Bad Parquet input fails like bad CSV: one line naming the file, the row and the column, exit
+/// code 1, nothing written.
+#[test]
+fn bad_parquet_input_fails_with_one_line() {
+    let dir = scratch("parquet-bad");
+    let mut text = synthetic_csv(300);
+    // An empty cell in column `b` of data row 7 becomes a null.
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let cells: Vec<&str> = lines[7].split(',').collect();
+    lines[7] = format!("{},{},,{}", cells[0], cells[1], cells[3]);
+    text = lines.join("\n") + "\n";
+    let pq = dir.join("null.parquet");
+    write_parquet(&pq, &text, ParquetDates::Timestamp(1_000, "MILLIS"));
+    let fake = dir.join("fake.parquet");
+    std::fs::write(&fake, "date,a\n2020-01-01,1\n").unwrap();
+    let cut = dir.join("cut.parquet");
+    let whole = std::fs::read(&pq).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    for (file, wanted) in [(&pq, "row 7, column `b`: empty cell"), (&fake, "not a Parquet file"), (&cut, "not a readable Parquet file")] {
+        let out = dir.join("run");
+        let o = run(bin().arg("train").arg("--data").arg(file).arg("--out").arg(&out).args(TINY).args(["--epochs", "1"]));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {stderr}", file.display());
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(wanted) && stderr.contains(&*file.display().to_string()), "{stderr}");
+        assert!(!out.exists(), "{}: wrote {}", file.display(), out.display());
+    }
+}

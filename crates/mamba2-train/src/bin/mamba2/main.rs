@@ -1,4 +1,4 @@
-//! `mamba2`: train, evaluate and run Mamba-2 forecasters on CSV time series.
+//! `mamba2`: train, evaluate and run Mamba-2 forecasters on time series in CSV or Parquet files.
 //!
 //! With no arguments, `mamba2 train` trains on the ETTh1 copy shipped with the repository under
 //! the standard protocol (L 96, H 96, all 7 series) and prints test MSE/MAE beside the Repeat
@@ -28,7 +28,7 @@ const ETTH1: &str = include_str!("../../../../../data/ett/ETTh1.csv");
 const ETTH1_NAME: &str = "ETTh1.csv (embedded)";
 
 #[derive(Parser)]
-#[command(name = "mamba2", version, about = "Mamba-2 forecasters on CSV time series")]
+#[command(name = "mamba2", version, about = "Mamba-2 forecasters on time series (CSV or Parquet)")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,9 +38,9 @@ struct Cli {
 enum Command {
     /// Train a forecaster (defaults: ETTh1, L 96, H 96, all 7 series).
     Train(Box<TrainArgs>),
-    /// Metrics of a checkpoint on every window of a CSV.
+    /// Metrics of a checkpoint on every window of a data file.
     Eval(UseArgs),
-    /// The next H rows after the last rows of a CSV.
+    /// The next H rows after the last rows of a data file.
     Predict(UseArgs),
     /// Read CSV rows from stdin (header first) and print a forecast after each row.
     Stream(StreamArgs),
@@ -77,7 +77,7 @@ struct Backend {
 
 #[derive(Args, Clone)]
 struct DataArgs {
-    /// CSV file with a header row (default: the embedded ETTh1).
+    /// CSV file with a header row, or Parquet file (numeric columns, an optional timestamp column) (default: the embedded ETTh1)
     #[arg(long)]
     data: Option<PathBuf>,
     /// Date/time column, read for the calendar, not as a feature (default: one named date, time, datetime or timestamp).
@@ -235,7 +235,7 @@ struct StreamArgs {
 fn load_table(d: &DataArgs, columns: Option<Vec<String>>) -> Result<(Table, bool)> {
     let choice = ColumnChoice { date_column: d.date_column.clone(), columns: columns.or_else(|| d.columns.clone()) };
     Ok(match &d.data {
-        Some(p) => (Table::from_csv_path(p, &choice)?, false),
+        Some(p) => (Table::from_path(p, &choice)?, false),
         None => (Table::from_csv_str(ETTH1, ETTH1_NAME, &choice)?, true),
     })
 }

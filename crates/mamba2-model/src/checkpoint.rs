@@ -112,13 +112,18 @@ fn split<'a, C: DeserializeOwned>(path: &Path, bytes: &'a [u8]) -> Result<(C, se
     if bytes.len() < 16 || &bytes[..8] != MAGIC {
         return Err(bad(path, "not a mamba2 checkpoint (bad magic bytes)"));
     }
-    let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
-    let header = bytes.get(16..16 + header_len).ok_or_else(|| bad(path, "truncated checkpoint (header)"))?;
+    // The length is the file's to claim: checked against what is there, without overflow.
+    let header_end = usize::try_from(u64::from_le_bytes(bytes[8..16].try_into().unwrap()))
+        .ok()
+        .and_then(|n| n.checked_add(16))
+        .filter(|&end| end <= bytes.len())
+        .ok_or_else(|| bad(path, "truncated checkpoint (header)"))?;
+    let header = &bytes[16..header_end];
     let header: serde_json::Value = serde_json::from_slice(header).map_err(|e| bad(path, format!("corrupt checkpoint header: {e}")))?;
     if header["format"].as_u64() != Some(FORMAT) {
         return Err(bad(path, format!("unsupported checkpoint format {}", header["format"])));
     }
-    let payload = &bytes[16 + header_len..];
+    let payload = &bytes[header_end..];
     if header["payload_len"].as_u64() != Some(payload.len() as u64) {
         return Err(bad(path, format!("truncated checkpoint: {} weight bytes, the header says {}", payload.len(), header["payload_len"])));
     }
@@ -141,10 +146,13 @@ pub fn load_checkpoint<B: Backend, M: Module<B>, C: DeserializeOwned>(
     let (config, meta, payload) = split::<C>(path, &bytes)?;
     let fresh = init(&config, device)?;
     let expected: Vec<(String, Vec<usize>)> = named_params(&fresh).into_iter().map(|p| (p.path, p.dims)).collect();
-    let record = NamedMpkBytesRecorder::<DoublePrecisionSettings>::default()
-        .load(payload.to_vec(), device)
-        .map_err(|e| bad(path, format!("weights do not decode for this config: {e}")))?;
-    let module = fresh.load_record(record);
+    // Burn's decoder asserts on some damaged payloads (an invalid parameter id, a tensor whose
+    // bytes do not fill its shape): those are errors here like any other.
+    let module = crate::catch_panic(|| {
+        NamedMpkBytesRecorder::<DoublePrecisionSettings>::default().load(payload.to_vec(), device).map(|record| fresh.load_record(record))
+    })
+    .map_err(|why| bad(path, format!("weights do not decode: {why}")))?
+    .map_err(|e| bad(path, format!("weights do not decode for this config: {e}")))?;
     let got: Vec<(String, Vec<usize>)> = named_params(&module).into_iter().map(|p| (p.path, p.dims)).collect();
     if got != expected {
         let first = got.iter().zip(&expected).find(|(g, e)| g != e).map(|(g, e)| format!("{} has {:?}, config needs {:?}", g.0, g.1, e.1));

@@ -34,6 +34,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod fast;
+mod guard;
 mod helper;
 mod hf;
 mod kernel;
@@ -53,6 +54,7 @@ pub use checkpoint::{load_checkpoint, read_checkpoint_header, remove_temporaries
 pub use config::{ConfigError, HfExtras, Mamba2Config};
 pub use error::ModelError;
 pub use fast::with_generic_path;
+pub use guard::catch_panic;
 pub use hf::{lm_from_hf_bytes, load_hf_lm};
 pub use kernel::HostFloat;
 pub use lm::{LmConfig, LmOutput, Mamba2LM};

@@ -92,6 +92,16 @@ pub(crate) fn uniform_linear<B: Backend>(d_in: usize, d_out: usize, bound: f64, 
     }
 }
 
+/// `U(lo, hi)`, or `lo` everywhere when the range is empty in `f32` (`dt_min = dt_max` and
+/// `A_init_range = (a, a)` are valid configs, and Burn's sampler refuses an empty range).
+fn uniform_or_constant<B: Backend>(shape: [usize; 1], lo: f64, hi: f64, device: &B::Device) -> Tensor<B, 1> {
+    if (lo as f32) < (hi as f32) && (hi as f32).is_finite() && (lo as f32).is_finite() {
+        Tensor::random(shape, Distribution::Uniform(lo, hi), device)
+    } else {
+        Tensor::full(shape, lo, device)
+    }
+}
+
 impl<B: Backend> Mamba2Mixer<B> {
     /// A mixer with mamba_ssm's initialisation (see the recipe's table).
     pub fn init(config: &Mamba2Config, device: &B::Device) -> Result<Self, ModelError> {
@@ -100,7 +110,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         let conv_bound = 1.0 / (k as f64).sqrt();
         let out_bound = 1.0 / (di as f64).sqrt() / if config.rescale_prenorm_residual { (config.n_layer as f64).sqrt() } else { 1.0 };
         let (lo, hi) = (config.dt_min.ln(), config.dt_max.ln());
-        let dt0 = Tensor::<B, 1>::random([h], Distribution::Uniform(lo, hi), device).exp().clamp_min(config.dt_init_floor);
+        let dt0 = uniform_or_constant([h], lo, hi, device).exp().clamp_min(config.dt_init_floor);
         let (a0, a1) = config.a_init_range;
         let d_len = if config.d_has_hdim { di } else { h };
         Ok(Self {
@@ -112,7 +122,7 @@ impl<B: Backend> Mamba2Mixer<B> {
                     .then(|| Param::from_tensor(Tensor::random([cd], Distribution::Uniform(-conv_bound, conv_bound), device))),
             },
             dt_bias: Param::from_tensor(inverse_softplus(dt0)),
-            a_log: Param::from_tensor(Tensor::random([h], Distribution::Uniform(a0, a1), device).log()),
+            a_log: Param::from_tensor(uniform_or_constant([h], a0, a1, device).log()),
             d: Param::from_tensor(Tensor::ones([d_len], device)),
             norm: RmsNorm::new(di, device),
             out_proj: uniform_linear(di, d, out_bound, config.bias, device),

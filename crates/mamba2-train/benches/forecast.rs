@@ -39,7 +39,7 @@ fn etth1() -> Data {
     let calendar = table.times.as_deref().and_then(Calendar::detect);
     let clock = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
     let scaler = Scaler::fit(&table.rows[..8640], &table.columns).unwrap();
-    Data { rows: scaler.transform(&table.rows), clock, columns: table.columns.clone(), calendar }
+    Data { rows: scaler.transform(&table.rows, &table.columns).unwrap(), clock, columns: table.columns.clone(), calendar }
 }
 
 fn config(data: &Data, lookback: usize) -> ForecasterConfig {

@@ -374,9 +374,29 @@ impl Scaler {
         Ok(Self { mean, std })
     }
 
-    /// `(x - mean) / std`, row by row.
-    pub fn transform(&self, rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
-        rows.iter().map(|r| r.iter().enumerate().map(|(j, v)| (v - self.mean[j]) / self.std[j]).collect()).collect()
+    /// `(x - mean) / std`, row by row. A value so far from the training rows that its scaled
+    /// value is not a finite `f32` (the models' usual float) is an error naming its data row
+    /// (from 1) and column (`columns[j]`), since no model could read it.
+    pub fn transform(&self, rows: &[Vec<f64>], columns: &[String]) -> Result<Vec<Vec<f64>>, TrainError> {
+        rows.iter().enumerate().map(|(t, r)| self.transform_row(r, columns, &format!("data row {}", t + 1))).collect()
+    }
+
+    /// One row scaled as by [`transform`](Self::transform); errors name it `at`.
+    pub fn transform_row(&self, row: &[f64], columns: &[String], at: &str) -> Result<Vec<f64>, TrainError> {
+        row.iter()
+            .enumerate()
+            .map(|(j, v)| {
+                let z = (v - self.mean[j]) / self.std[j];
+                if z.is_finite() && (z as f32).is_finite() {
+                    return Ok(z);
+                }
+                let name = columns.get(j).cloned().unwrap_or_else(|| format!("#{}", j + 1));
+                Err(TrainError::Data {
+                    origin: format!("{at}, column `{name}`"),
+                    why: format!("{v} lies {z:e} standard deviations from the training rows' mean {}: too far to scale", self.mean[j]),
+                })
+            })
+            .collect()
     }
 
     /// Undoes [`transform`](Self::transform) for column `j`.

@@ -24,7 +24,7 @@
 //! let calendar = table.times.as_deref().and_then(Calendar::detect).unwrap();
 //! assert_eq!(calendar.periods, [24, 168]);
 //! let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.clock(t)).collect();
-//! let rows = Scaler::fit(&table.rows[..140], &table.columns).unwrap().transform(&table.rows);
+//! let rows = Scaler::fit(&table.rows[..140], &table.columns).unwrap().transform(&table.rows, &table.columns).unwrap();
 //!
 //! // An untrained default model forecasts Repeat, over a history and row by row alike.
 //! let config = ForecasterConfig::defaults(48, 4, table.columns.clone(), table.columns.clone(), Some(calendar));
@@ -41,6 +41,7 @@ pub mod data;
 pub mod ema;
 pub mod features;
 mod forecaster;
+mod load;
 mod memory;
 mod parquet_input;
 pub mod plot;
@@ -48,6 +49,7 @@ mod stream;
 mod trainer;
 
 pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
+pub use load::{open_forecaster, Opened};
 pub use memory::keep_freed_memory;
 pub use stream::ForecastStream;
 pub use trainer::{

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
+pub(crate) fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mamba2"))
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mamba2-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -19,7 +19,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// `rows` rows of three smooth, noisy series with an hourly date column (so that models read
 /// its calendar).
-fn synthetic_csv(rows: usize) -> String {
+pub(crate) fn synthetic_csv(rows: usize) -> String {
     let mut s = String::from("date,a,b,c\n");
     let mut state = 99u64;
     for t in 0..rows {
@@ -37,7 +37,7 @@ fn synthetic_csv(rows: usize) -> String {
     s
 }
 
-const TINY: [&str; 16] = [
+pub(crate) const TINY: [&str; 16] = [
     "--lookback",
     "12",
     "--horizon",
@@ -56,11 +56,11 @@ const TINY: [&str; 16] = [
     "f64",
 ];
 
-fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("the binary runs")
 }
 
-fn train_tiny(dir: &Path, csv: &Path, extra: &[&str]) -> Output {
+pub(crate) fn train_tiny(dir: &Path, csv: &Path, extra: &[&str]) -> Output {
     run(bin()
         .arg("train")
         .arg("--data")
@@ -442,7 +442,7 @@ fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
 
 /// How the Parquet copy of a CSV stores its date column.
 #[derive(Clone, Copy)]
-enum ParquetDates {
+pub(crate) enum ParquetDates {
     /// INT64 TIMESTAMP(unit) with this many ticks per second.
     Timestamp(i64, &'static str),
     /// The CSV's own date strings.
@@ -451,7 +451,7 @@ enum ParquetDates {
 
 /// Writes the rows of `csv` (a `date` column, then numbers) as a Parquet file of two row
 /// groups, Snappy-compressed, the numbers as nullable doubles (`None` for an empty CSV cell).
-fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
+pub(crate) fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
     use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
     use parquet::file::properties::WriterProperties;
     use parquet::file::writer::SerializedFileWriter;
@@ -582,4 +582,75 @@ fn bad_parquet_input_fails_with_one_line() {
         assert!(stderr.contains(wanted) && stderr.contains(&*file.display().to_string()), "{stderr}");
         assert!(!out.exists(), "{}: wrote {}", file.display(), out.display());
     }
+}
+
+/// `train`'s output under a pseudo-terminal of 120 columns (what a user's shell gives it), read
+/// until the program exits.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn under_a_terminal(cmd: &mut Command) -> (Option<i32>, String) {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    let size = libc::winsize { ws_row: 40, ws_col: 120, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: openpty writes the two descriptors it opens into the given integers.
+    let opened = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &size) };
+    assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened for us and are owned by these files alone.
+    let (mut master, slave) = unsafe { (std::fs::File::from_raw_fd(master), std::fs::File::from_raw_fd(slave)) };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap())
+        .env_remove("MAMBA2_PLAIN")
+        .spawn()
+        .unwrap();
+    // The command keeps its copies of the terminal's descriptor until they are replaced; the
+    // reader below only sees the end once no copy is left open here.
+    drop(slave);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        // Reading fails (EIO) once the child has closed the terminal's last descriptor.
+        let _ = master.read_to_end(&mut out);
+        out
+    });
+    let code = child.wait().unwrap().code();
+    (code, String::from_utf8_lossy(&reader.join().unwrap()).into_owned())
+}
+
+/// On a terminal `train` draws a progress bar (steps, loss, rows per second, ETA, redrawn in
+/// place with escape codes); through a pipe the same run prints plain lines only, one per
+/// epoch, and no escape code or carriage return.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn progress_is_drawn_on_a_terminal_and_plain_lines_elsewhere() {
+    let dir = scratch("pty");
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, synthetic_csv(6000)).unwrap();
+    let args = |out: &str| {
+        let mut c = bin();
+        c.arg("train").arg("--data").arg(&csv).arg("--out").arg(dir.join(out)).args(TINY).args([
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--stride",
+            "1",
+        ]);
+        c
+    };
+    let (code, tty) = under_a_terminal(&mut args("tty"));
+    assert_eq!(code, Some(0), "{tty}");
+    assert!(tty.contains('\x1b'), "no escape codes on a terminal: {tty}");
+    for part in ["steps  loss ", "rows/s", "ETA", "[=", "epoch  1/2  train loss", "epoch  2/2  train loss"] {
+        assert!(tty.contains(part), "`{part}` not drawn on a terminal: {tty}");
+    }
+    let piped = run(&mut args("pipe"));
+    assert!(piped.status.success());
+    let out = String::from_utf8_lossy(&piped.stdout);
+    assert!(!out.contains('\x1b') && !out.contains('\r'), "escape codes or carriage returns in a pipe: {out:?}");
+    assert!(!out.contains("ETA") && !out.contains("[="), "a progress bar in a pipe: {out}");
+    let epochs: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ")).collect();
+    assert_eq!(epochs.len(), 2, "{out}");
+    assert!(epochs.iter().all(|l| l.contains("train loss") && l.contains("val MSE")), "{out}");
 }

@@ -56,7 +56,7 @@ fn the_default_model_beats_repeat_on_a_learnable_series() {
     let (l, h) = (48, 24);
     let ranges = Split::Fractions { train: 0.7, val: 0.1 }.ranges(table.rows.len(), l).unwrap();
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).unwrap();
-    let rows = scaler.transform(&table.rows);
+    let rows = scaler.transform(&table.rows, &table.columns).unwrap();
     let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
     let config = ForecasterConfig::defaults(l, h, table.columns.clone(), table.columns.clone(), calendar);
     let tc = TrainConfig { epochs: 3, ..TrainConfig::default() };
@@ -112,7 +112,7 @@ fn stream_equals_the_history_forecast() {
     }
     let model = config.init::<I>(&device).unwrap().map(&mut Jitter);
     let scaler = Scaler::fit(&table.rows, &table.columns).unwrap();
-    let rows = scaler.transform(&table.rows);
+    let rows = scaler.transform(&table.rows, &table.columns).unwrap();
     let mut stream = ForecastStream::<f64>::new(&model);
     let mut worst = 0.0f64;
     for r in 0..rows.len() {

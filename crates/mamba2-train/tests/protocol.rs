@@ -16,7 +16,7 @@ fn baseline(horizon: usize) -> (f64, f64) {
     assert_eq!(table.rows.len(), 17_420);
     let [train, _, test] = Split::ETTH1.ranges(table.rows.len(), 96).unwrap();
     let scaler = Scaler::fit(&table.rows[train.0..train.1], &table.columns).unwrap();
-    let rows = scaler.transform(&table.rows);
+    let rows = scaler.transform(&table.rows, &table.columns).unwrap();
     let w = Windows::new(&rows, test, 96, horizon, 1).unwrap();
     repeat_baseline(&w, &[0, 1, 2, 3, 4, 5, 6], 32)
 }

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use mamba2_model::{load_checkpoint, Loaded};
+use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
@@ -321,7 +321,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let ranges = split.ranges(table.rows.len(), a.lookback)?;
     let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).with_context(|| source.clone())?;
-    let rows = scaler.transform(&table.rows);
+    let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(&table, calendar.as_ref());
     let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, features, targets, calendar);
@@ -739,11 +739,9 @@ fn test_plots<B: burn::prelude::Backend>(
 /// A checkpoint opened for `eval`, `predict` and `stream`: the model, the scaler it was trained
 /// with, and what it reads and predicts.
 fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler, ForecastSpec)> {
-    let Loaded { module, meta, .. } = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(path, device, |c, d| c.init(d))?;
-    let scaler: Scaler =
-        serde_json::from_value(meta["scaler"].clone()).with_context(|| format!("{}: no data scaler in the checkpoint", path.display()))?;
-    let spec = module.spec().clone();
-    Ok((module, scaler, spec))
+    let mamba2_train::Opened { model, scaler, .. } = mamba2_train::open_forecaster::<B>(path, device)?;
+    let spec = model.spec().clone();
+    Ok((model, scaler, spec))
 }
 
 /// Each row's calendar clock: whole sampling intervals since the epoch where the data has a
@@ -764,7 +762,8 @@ fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Ve
     }
     let idx = table.indices(&spec.features)?;
     let rows: Vec<Vec<f64>> = table.rows.iter().map(|r| idx.iter().map(|&j| r[j]).collect()).collect();
-    Ok((scaler.transform(&rows), clock_of(&table, spec.calendar.as_ref())))
+    let source = d.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
+    Ok((scaler.transform(&rows, &spec.features).with_context(|| source)?, clock_of(&table, spec.calendar.as_ref())))
 }
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
@@ -843,11 +842,11 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         let clock = match (&spec.calendar, &table.times) {
             (Some(cal), Some(t)) => cal.clock(t[0]),
             (Some(_), None) => {
-                bail!("stdin row {}: the model reads the calendar from a date column; this row has none that reads as a date", i + 1)
+                bail!("stdin line {}: the model reads the calendar from a date column; this row has none that reads as a date", i + 2)
             }
             (None, _) => i as i64,
         };
-        let row = scaler.transform(&table.rows)[0].clone();
+        let row = scaler.transform_row(&table.rows[0], &spec.features, &format!("stdin line {}", i + 2))?;
         let pred = stream.push(&row, clock)?;
         print_forecast(&mut out, &pred, model.target_indices(), scaler, &format!("{},", i + 1))?;
         out.flush()?;

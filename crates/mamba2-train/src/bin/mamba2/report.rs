@@ -42,12 +42,18 @@ impl Reporter {
                 self.loss_sum = 0.0;
                 if self.terminal {
                     let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::stdout());
+                    // Rows per second, the figure the epoch line prints too: a step feeds its
+                    // share of the epoch's windows, each `rows_per_window` rows.
+                    let rows_per_step = (windows * self.rows_per_window) as f64 / steps.max(1) as f64;
                     bar.set_style(
                         ProgressStyle::with_template(&format!(
-                            "epoch {epoch:>2}/{} [{{bar:30}}] {{pos}}/{{len}} steps  loss {{msg}}  {{per_sec}}  ETA {{eta}}",
+                            "epoch {epoch:>2}/{} [{{wide_bar}}] {{pos}}/{{len}} steps  loss {{msg}}  {{rows}}  ETA {{eta}}",
                             self.epochs
                         ))
                         .expect("a valid template")
+                        .with_key("rows", move |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                            let _ = write!(w, "{:.0}k rows/s", state.per_sec() * rows_per_step / 1e3);
+                        })
                         .progress_chars("=> "),
                     );
                     bar.enable_steady_tick(Duration::from_millis(200));

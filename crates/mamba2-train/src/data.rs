@@ -71,6 +71,16 @@ impl Cell {
     }
 }
 
+/// `v` as a user would write it: plain for everyday sizes, in exponent form for tiny and huge
+/// ones (not 200 digits of zeros).
+fn short(v: f64) -> String {
+    if v != 0.0 && !(1e-4..1e15).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
 /// Where rows come from, for error messages: CSV rows are named by their line in the file,
 /// Parquet rows by their number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,8 +373,9 @@ impl Scaler {
             }
             if v <= 0.0 || m + v.sqrt() == m {
                 return Err(err(format!(
-                    "column `{}` is constant ({m}) on the {} training rows, so it has no scale; leave it out with --columns",
+                    "column `{}` is constant ({}) on the {} training rows, so it has no scale; leave it out with --columns",
                     name(j),
+                    short(m),
                     rows.len()
                 )));
             }
@@ -393,7 +404,11 @@ impl Scaler {
                 let name = columns.get(j).cloned().unwrap_or_else(|| format!("#{}", j + 1));
                 Err(TrainError::Data {
                     origin: format!("{at}, column `{name}`"),
-                    why: format!("{v} lies {z:e} standard deviations from the training rows' mean {}: too far to scale", self.mean[j]),
+                    why: format!(
+                        "{} lies {z:.1e} standard deviations from the training rows' mean {}: too far to scale",
+                        short(*v),
+                        short(self.mean[j])
+                    ),
                 })
             })
             .collect()

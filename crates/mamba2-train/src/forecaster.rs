@@ -432,4 +432,21 @@ mod tests {
         let y = model.forecast_history(&rows, &clock, &Default::default()).unwrap();
         assert_eq!(y, vec![rows[19][1]; 2]);
     }
+
+    /// `min_weights`, which bounds a checkpoint's config by its file's length, never exceeds
+    /// the weights a model really has (else a true checkpoint would be refused), and is most
+    /// of them (else it would bound nothing).
+    #[test]
+    fn min_weights_is_a_close_lower_bound() {
+        let cal = crate::calendar::Calendar { interval: 3600, periods: vec![24, 168] };
+        let features: Vec<String> = (0..7).map(|i| format!("c{i}")).collect();
+        for (l, h, targets, direct, layers) in [(96, 96, 7, true, 1), (96, 720, 7, true, 2), (48, 1, 3, false, 1), (512, 24, 1, true, 3)] {
+            let mut c = ForecasterConfig::defaults(l, h, features.clone(), features[..targets].to_vec(), Some(cal.clone()));
+            c.spec.direct = direct;
+            c.backbone.n_layer = layers;
+            let real = burn::module::Module::num_params(&c.init::<NdArray>(&Default::default()).unwrap());
+            let bound = c.min_weights().unwrap();
+            assert!(bound <= real && bound * 10 >= real * 8, "L {l} H {h}: bound {bound}, real {real}");
+        }
+    }
 }

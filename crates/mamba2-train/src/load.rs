@@ -28,7 +28,7 @@ pub struct Opened<B: Backend> {
 pub fn open_forecaster<B: Backend>(path: &Path, device: &B::Device) -> Result<Opened<B>, TrainError> {
     let fail = |why: String| TrainError::Data { origin: path.display().to_string(), why };
     let (config, _) = read_checkpoint_header::<ForecasterConfig>(path)?;
-    let need = config.min_weights()?;
+    let need = config.min_weights().map_err(|e| fail(format!("its {e}")))?;
     let len = std::fs::metadata(path).map_err(|cause| TrainError::Io { path: path.display().to_string(), cause })?.len();
     if (need as u64).saturating_mul(8) > len {
         return Err(fail(format!(

@@ -127,6 +127,8 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
     };
     let constant = write("constant.csv", &with_column(&|_| "5".into()));
     let huge = write("huge.csv", &with_column(&|t| format!("{:e}", 1e300 * (1.0 + (t as f64 * 0.1).cos()))));
+    // Ordinary training rows, then one test value no scaled float can hold.
+    let far = write("far.csv", &with_column(&|t| if t == 300 { "1e300".into() } else { (t % 2).to_string() }));
 
     // A real checkpoint, then damaged copies of it.
     let trained = train_tiny(&dir, &good, &[]);
@@ -141,6 +143,19 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
     flipped[n] ^= 0x5a;
     std::fs::write(&corrupt, flipped).unwrap();
     let garbage = write("garbage.ckpt", "this is not a checkpoint at all");
+    // Headers edited with the checksum kept true: an absurd horizon, and a width whose weights
+    // could not fit in the file.
+    let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[16..16 + header_len]).unwrap();
+    let edited = |name: &str, at: &str, v: serde_json::Value| {
+        let mut h = header.clone();
+        *h.pointer_mut(at).unwrap_or_else(|| panic!("no {at} in the header")) = v;
+        let p = dir.join(name);
+        std::fs::write(&p, crate::fuzz::reseal(&h, &bytes[16 + header_len..])).unwrap();
+        p
+    };
+    let edited_horizon = edited("horizon.ckpt", "/config/spec/horizon", serde_json::json!(u64::MAX));
+    let too_wide = edited("wide.ckpt", "/config/backbone/d_model", serde_json::json!(4096));
     let a_file = write("a_file", "x");
 
     let g = good.to_str().unwrap();
@@ -199,6 +214,21 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ),
         ("corrupt checkpoint", vec!["eval", "--checkpoint", corrupt.to_str().unwrap(), "--data", g, "--dtype", "f64"], "checksum mismatch"),
         ("not a checkpoint", vec!["predict", "--checkpoint", garbage.to_str().unwrap(), "--data", g], "not a mamba2 checkpoint"),
+        (
+            "edited header: horizon 2^64 - 1",
+            vec!["predict", "--checkpoint", edited_horizon.to_str().unwrap(), "--data", g],
+            "horizon = 18446744073709551615 is larger than",
+        ),
+        (
+            "edited header: weights beyond the file",
+            vec!["predict", "--checkpoint", too_wide.to_str().unwrap(), "--data", g],
+            "can hold at most",
+        ),
+        (
+            "a value too far to scale",
+            vec!["train", "--data", far.to_str().unwrap(), "--lookback", "12", "--horizon", "3", "--out", &out("far")],
+            "data row 300, column `d`: 1e300 lies",
+        ),
         ("missing checkpoint", vec!["predict", "--checkpoint", "/nonexistent.ckpt", "--data", g], "No such file"),
         (
             "checkpoint of another config",

@@ -206,7 +206,7 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// A checkpoint from its header (re-encoded) and payload, with a true length and checksum.
-fn reseal(header: &serde_json::Value, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn reseal(header: &serde_json::Value, payload: &[u8]) -> Vec<u8> {
     let mut h = header.clone();
     h["payload_len"] = payload.len().into();
     h["payload_fnv1a64"] = fnv1a64(payload).into();

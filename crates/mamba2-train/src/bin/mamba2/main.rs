@@ -688,7 +688,8 @@ fn test_plots<B: burn::prelude::Backend>(
     let name = model.spec().targets.last().expect("a model has a target").clone();
     let units = |v: f64| data.scaler.inverse(j, v);
     let forecast_title;
-    let (actual, forecast): (Vec<(f64, f64)>, Vec<(f64, f64)>) = if h == 1 {
+    type Points = Vec<(f64, f64)>;
+    let (actual, forecast): (Points, Points) = if h == 1 {
         // One-step forecasts over a stretch of the test split, each from its own window.
         let n = test.len().min(240);
         let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &test.starts[..n], l, 1, 1);

@@ -1,15 +1,17 @@
-//! Training, evaluating and streaming Mamba-2 forecasters on CSV time series; the library
-//! behind the `mamba2` command.
+//! Training, evaluating and streaming Mamba-2 forecasters on time series from CSV or Parquet
+//! files; the library behind the `mamba2` command.
 //!
-//! - [`data`]: CSV loading (with the date column's time stamps), chronological splits, z-score
-//!   scaling fitted on training rows, windows, the Repeat baseline.
+//! - [`data`]: CSV and Parquet loading (with the date column's time stamps), chronological
+//!   splits, z-score scaling fitted on training rows, windows, the Repeat baseline.
 //! - [`calendar`]: dates to a row clock, and the day and week cycles of the sampling interval.
 //! - [`features`]: what the model reads at each row, from the past alone ([`features::RowEncoder`]).
 //! - [`Forecaster`]: each series its own sequence through a Mamba-2 over time; a head and a
 //!   direct map forecast the next `H` values relative to the last one, plus a learned cycle
 //!   (`docs/forecasting.md`). [`ForecastStream`]: the same model one row at a time.
 //! - [`train`]: the loop, with early stopping, atomic best/last checkpoints, exact resume, a
-//!   NaN/Inf guard naming the step and parameter, and JSON-lines metrics.
+//!   NaN/Inf guard naming the step and parameter, and JSON-lines metrics. [`open_forecaster`]:
+//!   a checkpoint from anyone, its sizes bounded before memory is reserved.
+//! - [`plot`]: line charts as PNG (plotters), with axes, labels, title and legend.
 //!
 //! ```
 //! use burn::backend::NdArray;

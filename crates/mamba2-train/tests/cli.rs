@@ -337,12 +337,16 @@ fn killed_and_resumed(name: &str, extra: &[&str]) {
     child.wait().unwrap();
     assert!(!killed.join("summary.json").exists(), "the run finished before it was killed: make epochs longer");
 
+    // What a kill during a save leaves: a temporary file beside the real one. The next start
+    // removes it.
+    std::fs::write(killed.join(".last.ckpt.tmp-4242"), b"half a checkpoint").unwrap();
     let mut resume = args(&killed);
     resume.push("--resume".into());
     let o = run(bin().args(&resume));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(stdout.contains("resuming from last.ckpt"), "{stdout}");
+    assert!(stdout.contains("resuming from last.ckpt: ") && stdout.contains(" epochs done ("), "{stdout}");
+    assert!(no_temp_files(&killed), "the leftover temporary file is still there");
     assert_eq!(summary(&killed), summary(&straight), "resumed and uninterrupted runs differ");
     let metrics = |d: &Path| {
         std::fs::read_to_string(d.join("metrics.jsonl"))
@@ -414,6 +418,28 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
         }
     }
     println!("worst relative difference between predict and stream: {worst:e}");
+
+    // A bad row is named by its line in the input (the header is line 1), and ends the stream.
+    let mut bad: Vec<String> = vec![header.to_string()];
+    bad.extend(test_rows[..3].iter().map(|r| r.to_string()));
+    let cells: Vec<&str> = test_rows[3].split(',').collect();
+    bad.push(format!("{},{},oops,{}", cells[0], cells[1], cells[3]));
+    let mut child = bin()
+        .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all((bad.join("\n") + "\n").as_bytes()).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!((o.status.code(), stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
+    assert!(stderr.contains("stdin: line 5, column `b`: `oops` is not a number"), "{stderr}");
+    assert_eq!(parse_rows(&String::from_utf8_lossy(&o.stdout), 0).len(), 3 * 3, "the three good rows' forecasts came first");
 }
 
 #[test]

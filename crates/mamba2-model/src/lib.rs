@@ -29,6 +29,9 @@
 //! assert!(tensor_rel_diff(Tensor::cat(vec![first, rest], 1), whole) < 1e-12);
 //! ```
 
+// Every `unsafe` block states why it is sound, and clippy holds it to that.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod block;
 mod checkpoint;
 mod config;

@@ -32,6 +32,8 @@
 //! assert!(optim.no_decay_paths().iter().any(|p| p.ends_with("mixer.a_log")));
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod adamw;
 mod schedule;
 

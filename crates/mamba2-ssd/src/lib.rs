@@ -33,6 +33,8 @@
 //! assert!(tensor_rel_diff(fast.final_state, slow.final_state) < 1e-12);
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod chunked;
 mod error;
 mod input;

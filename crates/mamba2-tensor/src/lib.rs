@@ -29,6 +29,8 @@
 //! assert_eq!(decay[1], 0.0);
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod activation;
 pub mod compare;
 mod conv;

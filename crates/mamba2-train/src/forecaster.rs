@@ -352,8 +352,9 @@ impl<B: Backend> Forecaster<B> {
         Ok(out)
     }
 
-    /// The learned cycle's step table (see [`cycle_steps`](Self::cycle_steps)), when the model
-    /// has a cycle.
+    /// The learned cycle's step table `[T * period, H]`, when the model has a cycle: row
+    /// `c * period + phase` holds what the cycle adds to series `c`'s forecast `k = 1..=H` steps
+    /// after a row at that phase.
     pub fn cycle_table(&self) -> Option<Tensor<B, 2>> {
         self.cycle.as_ref().map(|q| self.cycle_steps(q.val()))
     }

@@ -38,6 +38,9 @@
 //! assert_eq!(&whole[..2], &rows[199][..]);
 //! ```
 
+// Every `unsafe` block states why it is sound, and clippy holds it to that.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod calendar;
 pub mod data;
 pub mod ema;

@@ -193,8 +193,8 @@ struct TrainArgs {
     /// Of those rows, the last and every N-th before it are trained on.
     #[arg(long, default_value_t = TrainConfig::default().loss_every)]
     loss_every: usize,
-    /// Output directory (checkpoints, metrics.jsonl, plots) [default: runs/<data file name>].
-    #[arg(long)]
+    // The help is an attribute, not a doc comment: rustdoc would read `<data file name>` as HTML.
+    #[arg(long, help = "Output directory (checkpoints, metrics.jsonl, plots) [default: runs/<data file name>]")]
     out: Option<PathBuf>,
     /// Print each epoch's record as a JSON line instead of a progress display.
     #[arg(long)]

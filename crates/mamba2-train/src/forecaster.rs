@@ -445,7 +445,7 @@ mod tests {
             let mut c = ForecasterConfig::defaults(l, h, features.clone(), features[..targets].to_vec(), Some(cal.clone()));
             c.spec.direct = direct;
             c.backbone.n_layer = layers;
-            let real = burn::module::Module::num_params(&c.init::<NdArray>(&Default::default()).unwrap());
+            let real = burn::module::Module::num_params(&c.init::<NdArray<f64>>(&Default::default()).unwrap());
             let bound = c.min_weights().unwrap();
             assert!(bound <= real && bound * 10 >= real * 8, "L {l} H {h}: bound {bound}, real {real}");
         }

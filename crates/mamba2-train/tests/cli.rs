@@ -201,6 +201,7 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ),
         ("patch 0", vec!["train", "--data", g, "--patch", "0", "--lookback", "12", "--horizon", "3"], "patch must be at least 1"),
         ("lookback 0", vec!["train", "--data", g, "--lookback", "0", "--horizon", "3"], "lookback must be at least 1"),
+        ("horizon 0", vec!["train", "--data", g, "--lookback", "12", "--horizon", "0"], "horizon must be at least 1"),
         (
             "a target named twice",
             vec!["train", "--data", g, "--targets", "a,a", "--lookback", "12", "--horizon", "3"],

@@ -159,7 +159,7 @@ impl Table {
                 header.join(",")
             )));
         }
-        let rows = records.map(|r| r.map(|(line, cells)| (if skip > 0 { line + skip } else { line }, cells)));
+        let rows = records.map(|r| r.map(|(line, cells)| (line + skip, cells)));
         Self::from_cells(header, rows, source, choice, RowNames::Lines)
     }
 

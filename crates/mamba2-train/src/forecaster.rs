@@ -190,15 +190,23 @@ impl ForecasterConfig {
             .collect()
     }
 
+    /// The validated config's target columns, covariate columns and inputs per row: what
+    /// [`init`](Self::init) builds from and [`min_weights`](Self::min_weights) counts.
+    fn columns(&self) -> Result<(Vec<usize>, Vec<usize>, usize), ModelError> {
+        let s = &self.spec;
+        let target_idx = self.validate()?;
+        let covariate_idx = (0..s.features.len()).filter(|j| s.mix || !target_idx.contains(j)).collect::<Vec<_>>();
+        let n_feat = map_of(s, &target_idx, &covariate_idx).n_feat();
+        Ok((target_idx, covariate_idx, n_feat))
+    }
+
     /// A lower bound on the weights [`init`](Self::init) creates (the blocks' projections, the
     /// input projection, the head, the direct map and the cycle table): a checkpoint whose file
     /// is smaller than 8 bytes per weight (they are stored as f64) cannot hold this config's
     /// weights, and is refused before any memory is reserved for them.
     pub fn min_weights(&self) -> Result<usize, ModelError> {
         let s = &self.spec;
-        let target_idx = self.validate()?;
-        let covariate_idx = (0..s.features.len()).filter(|j| s.mix || !target_idx.contains(j)).collect::<Vec<_>>();
-        let n_feat = map_of(s, &target_idx, &covariate_idx).n_feat();
+        let (_, _, n_feat) = self.columns()?;
         let b = &self.backbone;
         let blocks = b.n_layer.saturating_mul(b.d_model).saturating_mul(b.d_in_proj().saturating_add(b.d_inner()));
         let head = n_feat.saturating_add(s.horizon).saturating_mul(b.d_model);
@@ -210,9 +218,7 @@ impl ForecasterConfig {
     /// A fresh model. Its head starts at zero, so an untrained model forecasts Repeat.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Forecaster<B>, ModelError> {
         let s = &self.spec;
-        let target_idx = self.validate()?;
-        let covariate_idx = (0..s.features.len()).filter(|j| s.mix || !target_idx.contains(j)).collect::<Vec<_>>();
-        let n_feat = map_of(s, &target_idx, &covariate_idx).n_feat();
+        let (target_idx, covariate_idx, n_feat) = self.columns()?;
         let mut mamba = TimeSeriesConfig::new(self.backbone.clone(), n_feat, s.horizon).init(device)?;
         mamba.output_proj = zero_linear(self.backbone.d_model, s.horizon, device);
         if s.series_embedding {

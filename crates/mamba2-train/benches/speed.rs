@@ -9,7 +9,8 @@
 //! round-robin over the lengths ([`interleaved_sweep`]), and writes its figures to `file`.
 //! `MAMBA2_TRAIN_ROUND=small|medium [MAMBA2_MIN_TIME=3] cargo bench ...` runs only one round of
 //! train steps at that size and prints its time as JSON ([`train_round`]): what
-//! `bench_compare.py` alternates with HF's rounds.
+//! `bench_compare.py` alternates with HF's rounds. `MAMBA2_TRAIN_ROUND=streaming` runs one round
+//! of host streaming steps instead ([`stream_round`]), for before/after comparisons.
 //!
 //! The model is [`Mamba2Stack`] fed `[batch, L, d_model]` directly, like HF's `Mamba2Model` with
 //! `inputs_embeds`; the loss is `mean(h^2)` of its output.
@@ -117,6 +118,29 @@ fn train_round(name: &str, min_time: f64) {
     println!("{{\"side\": \"rust\", \"what\": \"train\", \"config\": \"{name}\", \"dtype\": \"f32\", \"s_per_iter\": {s}, \"tokens_per_s\": {}}}", tokens / s);
 }
 
+/// One round of streaming steps (`MAMBA2_TRAIN_ROUND=streaming`): the host streaming step at
+/// the streaming size, f32, one stream, after 1,000 warm-up steps, the mean over at least
+/// `min_time` seconds; prints one JSON line. For before/after comparisons in alternating rounds.
+fn stream_round(min_time: f64) {
+    let device = Default::default();
+    let config = streaming_config();
+    <Flex as Backend>::seed(&device, 0);
+    let host = StreamingStack::<f32>::new(&Mamba2Stack::<Flex>::init(&config, &device).unwrap());
+    let mut state = host.zero_state(1);
+    let u: Vec<f32> = (0..config.d_model).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut out = vec![0.0; config.d_model];
+    for _ in 0..1000 {
+        host.step(&mut state, &u, &mut out).unwrap();
+    }
+    let (mut n, start) = (0u64, std::time::Instant::now());
+    while n < 1000 || start.elapsed().as_secs_f64() < min_time {
+        host.step(&mut state, &u, &mut out).unwrap();
+        n += 1;
+    }
+    let s = start.elapsed().as_secs_f64() / n as f64;
+    println!("{{\"side\": \"rust\", \"what\": \"stream\", \"config\": \"streaming\", \"dtype\": \"f32\", \"s_per_iter\": {s}, \"tokens_per_s\": {}}}", 1.0 / s);
+}
+
 fn streaming<B: Backend, T: HostFloat>(c: &mut Criterion, backend: &str) {
     let device = Default::default();
     let config = streaming_config();
@@ -209,7 +233,7 @@ fn interleaved_sweep(out: &str) {
 criterion_group!(speed, benches);
 
 /// `criterion_main!`, or the interleaved sweep alone when `MAMBA2_SWEEP_OUT` names a file, or
-/// one train round when `MAMBA2_TRAIN_ROUND` names a size; after [`mamba2_train::keep_freed_memory`].
+/// one train round when `MAMBA2_TRAIN_ROUND` names a size (or one streaming round for `streaming`); after [`mamba2_train::keep_freed_memory`].
 fn main() {
     // As the `mamba2` command does: no fresh page mapping per large buffer (a no-op off glibc).
     mamba2_train::keep_freed_memory();
@@ -219,7 +243,10 @@ fn main() {
     }
     if let Ok(name) = std::env::var("MAMBA2_TRAIN_ROUND") {
         let min_time = std::env::var("MAMBA2_MIN_TIME").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
-        train_round(&name, min_time);
+        match name.as_str() {
+            "streaming" => stream_round(min_time),
+            _ => train_round(&name, min_time),
+        }
         return;
     }
     speed();

@@ -22,18 +22,9 @@ impl<B: Backend> Mamba2Block<B> {
     /// # Shapes
     /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]`
     pub fn forward(&self, h: Tensor<B, 3>, state: Option<MixerState<B>>) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.mixer.forward_block(h, state, Some(&self.norm), None)
-    }
-
-    /// `post_norm(forward(h))`: the stack's last block with its final norm, which the CPU path
-    /// runs inside the same step.
-    pub(crate) fn forward_then_norm(
-        &self,
-        h: Tensor<B, 3>,
-        state: Option<MixerState<B>>,
-        post_norm: &RmsNorm<B>,
-    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.mixer.forward_block(h, state, Some(&self.norm), Some(post_norm))
+        let eps = self.mixer.config().norm_eps;
+        let (mixed, state) = self.mixer.forward(self.norm.forward(h.clone(), eps), state)?;
+        Ok((h + mixed, state))
     }
 
     /// # Shapes

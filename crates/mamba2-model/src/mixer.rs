@@ -5,8 +5,7 @@ use burn::tensor::Distribution;
 use mamba2_ssd::{ssd_chunked, ssd_step, Skip, SsdInput, StepInput};
 use mamba2_tensor::{causal_conv1d, expect_shape, inverse_softplus, silu, softplus, GateOrder};
 
-use crate::fast::{try_mixer, MixerArgs};
-use crate::kernel::Dims;
+use crate::bridge;
 use crate::norm::RmsNorm;
 use crate::{Mamba2Config, MixerState, ModelError};
 
@@ -20,7 +19,7 @@ pub struct DepthwiseConv<B: Backend> {
 }
 
 /// The Mamba-2 mixer: `in_proj`, causal depthwise conv on `xBC`, the selective scan, the gated
-/// group-wise RMS norm and `out_proj`, exactly as in `../shared/docs/mamba2-recipe.md`.
+/// group-wise RMS norm and `out_proj`, exactly as in `docs/mamba2-recipe.md`.
 ///
 /// Field names follow the checkpoints (`A_log` is `a_log`, `D` is `d`).
 #[derive(Module, Debug)]
@@ -62,26 +61,6 @@ pub(crate) fn join_pieces<B: Backend>(mut outs: Vec<Tensor<B, 3>>) -> Tensor<B, 
         return outs.pop().expect("one piece");
     }
     Tensor::cat(outs, 1)
-}
-
-/// The kernel's view of a config, for `batch` rows of `len` steps.
-pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
-    let (lo, hi) = c.dt_limit();
-    Dims {
-        batch,
-        len,
-        d_model: c.d_model,
-        nheads: c.nheads(),
-        headdim: c.headdim,
-        ngroups: c.ngroups,
-        d_state: c.d_state,
-        d_conv: c.d_conv,
-        d_per_channel: c.d_has_hdim,
-        dt_lo: lo,
-        dt_hi: hi,
-        gate_first: !c.norm_before_gate,
-        eps: c.norm_eps,
-    }
 }
 
 /// A Linear layer with weight `U(-bound, bound)` (`[d_in, d_out]`, Burn's layout) and zero bias.
@@ -191,7 +170,7 @@ impl<B: Backend> Mamba2Mixer<B> {
         }
     }
 
-    fn check_state(&self, state: &MixerState<B>, batch: usize) -> Result<(), ModelError> {
+    pub(crate) fn check_state(&self, state: &MixerState<B>, batch: usize) -> Result<(), ModelError> {
         let c = &self.config;
         expect_shape("conv state", &state.conv.dims(), &[batch, c.d_conv - 1, c.conv_dim()])?;
         expect_shape("ssm state", &state.ssm.dims(), &[batch, c.nheads(), c.headdim, c.d_state])?;
@@ -213,76 +192,22 @@ impl<B: Backend> Mamba2Mixer<B> {
     /// - `u`: `[batch, L, d_model]`
     /// - output: `[batch, L, d_model]` and the state after the last step
     pub fn forward(&self, u: Tensor<B, 3>, state: Option<MixerState<B>>) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        self.forward_block(u, state, None, None)
-    }
-
-    /// A block around the mixer: `h + mixer(pre_norm(h))` with `pre_norm`, then `post_norm` of
-    /// that when given (the stack's final norm after its last layer); as
-    /// [`forward`](Self::forward) and in one step of the CPU kernel where it runs (see `fast.rs`).
-    pub(crate) fn forward_block(
-        &self,
-        u: Tensor<B, 3>,
-        state: Option<MixerState<B>>,
-        pre_norm: Option<&RmsNorm<B>>,
-        post_norm: Option<&RmsNorm<B>>,
-    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
         let mut state = state;
         let mut outs = Vec::new();
         for piece in pieces(u) {
-            let (y, next) = self.forward_piece(piece, state, pre_norm, post_norm)?;
+            if let Some(s) = &state {
+                self.check_state(s, piece.dims()[0])?;
+            }
+            let (y, next) = if bridge::runs_on_host::<B>() {
+                bridge::mixer(self, piece, state)
+            } else {
+                let (tail, h0) = state.map(|s| (s.conv, s.ssm)).unzip();
+                self.forward_generic(piece, tail, h0)?
+            };
             outs.push(y);
             state = Some(next);
         }
         Ok((join_pieces(outs), state.expect("at least one piece")))
-    }
-
-    fn forward_piece(
-        &self,
-        u: Tensor<B, 3>,
-        state: Option<MixerState<B>>,
-        pre_norm: Option<&RmsNorm<B>>,
-        post_norm: Option<&RmsNorm<B>>,
-    ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
-        let c = &self.config;
-        let [batch, len, _] = u.dims();
-        let (cd, k) = (c.conv_dim(), c.d_conv);
-        if let Some(s) = &state {
-            self.check_state(s, batch)?;
-        }
-        let args = MixerArgs {
-            dims: kernel_dims(&self.config, batch, len),
-            u,
-            in_w: self.in_proj.weight.val(),
-            in_b: self.in_proj.bias.as_ref().map(Param::val),
-            tail: state.as_ref().map(|s| s.conv.clone()),
-            h0: state.map(|s| s.ssm),
-            conv_w: self.conv1d.weight.val().reshape([cd, k]),
-            conv_b: self.conv1d.bias.as_ref().map(Param::val),
-            dt_bias: self.dt_bias.val(),
-            a_log: self.a_log.val(),
-            d: self.d.val(),
-            norm_w: self.norm.weight.val(),
-            out_w: self.out_proj.weight.val(),
-            out_b: self.out_proj.bias.as_ref().map(Param::val),
-            pre_w: pre_norm.map(|n| n.weight.val()),
-            post_w: post_norm.map(|n| n.weight.val()),
-        };
-        let args = match try_mixer(args) {
-            Ok(out) => return Ok((out.y, MixerState { conv: out.conv, ssm: out.ssm })),
-            Err(args) => args,
-        };
-        let (y, state) = match pre_norm {
-            Some(norm) => {
-                let (y, state) = self.forward_generic(norm.forward(args.u.clone(), c.norm_eps), args.tail, args.h0)?;
-                (args.u + y, state)
-            }
-            None => self.forward_generic(args.u, args.tail, args.h0)?,
-        };
-        let y = match post_norm {
-            Some(norm) => norm.forward(y, c.norm_eps),
-            None => y,
-        };
-        Ok((y, state))
     }
 
     /// The whole mixer from tensor operations: the reference for the CPU kernel and the path of

@@ -1,6 +1,7 @@
 use burn::prelude::*;
 
 use crate::block::Mamba2Block;
+use crate::bridge;
 use crate::mixer::{join_pieces, pieces};
 use crate::norm::RmsNorm;
 use crate::{Mamba2Config, Mamba2State, ModelError};
@@ -64,19 +65,23 @@ impl<B: Backend> Mamba2Stack<B> {
             None => vec![None; self.layers.len()],
         };
         let mut outs = Vec::new();
+        let eps = self.config.norm_eps;
         let last = self.layers.len().checked_sub(1);
         for mut piece in pieces(h) {
             for (i, (layer, s)) in self.layers.iter().zip(states.iter_mut()).enumerate() {
-                // The last block applies the final norm itself (one step of the CPU path).
-                let (next, after) = if Some(i) == last {
-                    layer.forward_then_norm(piece, s.take(), &self.norm_f)?
+                let post_norm = (Some(i) == last).then_some(&self.norm_f);
+                // On the CPU backends a block and, after the last one, the final norm are one
+                // call into the host kernels.
+                let (next, after) = if bridge::runs_on_host::<B>() {
+                    bridge::block(layer, piece, s.take(), post_norm)?
                 } else {
-                    layer.forward(piece, s.take())?
+                    let (y, after) = layer.forward(piece, s.take())?;
+                    (if let Some(norm) = post_norm { norm.forward(y, eps) } else { y }, after)
                 };
                 piece = next;
                 *s = Some(after);
             }
-            outs.push(if last.is_some() { piece } else { self.norm_f.forward(piece, self.config.norm_eps) });
+            outs.push(if last.is_some() { piece } else { self.norm_f.forward(piece, eps) });
         }
         let out = join_pieces(outs);
         let layers = states.into_iter().map(|s| s.expect("every layer ran at least once")).collect();

@@ -2,7 +2,8 @@
 //! one Burn's Flex backend calls too), writing into buffers the kernel owns, so that no tensor is
 //! allocated, zero-filled and copied again around each product.
 
-use crate::kernel::{build, filled, HostFloat, BUILD_CHUNK};
+use crate::buffers::{build, filled, BUILD_CHUNK};
+use crate::float::HostFloat;
 
 /// A matrix read from a slice: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,6 @@
 //! AVX-512 versions of the scan's inner loops, written with explicit vector operations.
 //!
-//! The plain loops in `kernel.rs` are what every CPU runs and what these are tested against. Left
+//! The plain loops in `scan.rs` and `float.rs` are what every CPU runs and what these are tested against. Left
 //! to itself the compiler turned them into 2-wide operations without fused multiply-adds, a
 //! fraction of what the vector unit does per cycle; these loops use full 512-bit registers and
 //! FMAs, and are taken when the CPU has AVX-512 and `d_state` is a multiple of the vector width
@@ -366,7 +366,7 @@ mod x86 {
         n > 0 && n.is_multiple_of(T::W) && std::is_x86_feature_detected!("avx512f")
     }
 
-    /// As `kernel::head_forward`. `d_state` is walked in blocks of up to [`BLOCK`] vectors whose
+    /// As `scan::head_forward`. `d_state` is walked in blocks of up to [`BLOCK`] vectors whose
     /// `B` and `C` stay in registers across the rows, so that each element of the state costs one
     /// load rather than three.
     ///
@@ -464,7 +464,7 @@ mod x86 {
         }
     }
 
-    /// As `kernel::head_state_gc`, in blocks of `d_state` as [`head_forward`]: the block's `B`
+    /// As `scan::head_state_gc`, in blocks of `d_state` as [`head_forward`]: the block's `B`
     /// and its part of the gradient of `C` stay in registers across the rows.
     ///
     /// # Safety
@@ -540,7 +540,7 @@ mod x86 {
     /// Vectors of `d_state` kept in registers at a time in the reverse step and the sweeps.
     const BLOCK: usize = 4;
 
-    /// As `kernel::head_reverse`. `d_state` is walked in blocks of up to [`BLOCK`] vectors, so
+    /// As `scan::head_reverse`. `d_state` is walked in blocks of up to [`BLOCK`] vectors, so
     /// that the block's `B`, `C` and running gradient of `B` stay in registers across the rows.
     ///
     /// # Safety

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::kernel::HostFloat;
+use crate::float::HostFloat;
 
 /// How long the helper spins without work before it parks.
 const SPIN: Duration = Duration::from_millis(2);
@@ -75,11 +75,11 @@ impl<T: HostFloat> Helper<T> {
         Some(Self { shared, thread: Some(thread) })
     }
 
-    /// `out = x W` for `W` packed in `panels` column panels (`simd::pack_panels`): the helper
+    /// `out = x W` for `W` packed in `panels` column panels (`avx512::pack_panels`): the helper
     /// takes the panels from `split` on, this thread the ones before.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn matvec(&self, x: &[T], panels: &[T], out: &mut [T]) {
-        let pw = crate::simd::panel_width::<T>();
+        let pw = crate::avx512::panel_width::<T>();
         let np = out.len().div_ceil(pw);
         let split = np / 2;
         let (mine, theirs) = out.split_at_mut((split * pw).min(out.len()));
@@ -102,7 +102,7 @@ impl<T: HostFloat> Helper<T> {
         // Waits for the helper on the way out, unwinding included: its job points into `out`.
         let finish = Finish { helper: self, job: n };
         // SAFETY: panels are only packed where the CPU has AVX-512 (the caller checked).
-        unsafe { crate::simd::matvec_panels(x, my_panels, mine) };
+        unsafe { crate::avx512::matvec_panels(x, my_panels, mine) };
         drop(finish);
         assert!(self.shared.finished.load(Ordering::Acquire) >= n, "the streaming helper thread has stopped");
     }
@@ -164,7 +164,7 @@ fn work<T: HostFloat>(shared: &Shared<T>) {
                 let x = std::slice::from_raw_parts(job.x, job.x_len);
                 let panels = std::slice::from_raw_parts(job.panels, job.panels_len);
                 let out = std::slice::from_raw_parts_mut(job.out, job.out_len);
-                crate::simd::matvec_panels(x, panels, out);
+                crate::avx512::matvec_panels(x, panels, out);
             }
         }
         done += 1;

@@ -1,0 +1,242 @@
+//! One layer on host buffers: the whole mixer (`in_proj`, the core, `out_proj`) and, when asked,
+//! the block around it (its RMS norm in front, the residual) and the stack's final norm after it,
+//! forward and backward. The projections run on the `gemm` crate into buffers this crate owns,
+//! so that nothing is allocated, zero-filled and copied between the stages.
+//!
+//! The caller (`mamba2-model`'s bridge) hands over a [`LayerPlan`] of slices and gets back one
+//! packed output `[y | final state | conv tail]` ([`packed_parts`]) and, for the backward, a
+//! [`LayerGrads`] with one gradient per named input.
+
+use crate::backward::backward as core_backward;
+use crate::float::{dot, HostFloat};
+use crate::forward::{forward as core_forward, Inputs, Params, Saved};
+use crate::layout::Dims;
+use crate::matmul::{affine, column_sums, product, Mat};
+use crate::norm::{rms_norm, rms_norm_backward, rms_unit};
+
+/// A layer's input, state and weights, row-major, in the layouts Burn's modules hold them.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerPlan<'a, T> {
+    /// Sizes of this call.
+    pub dims: Dims,
+    /// The input, `[batch, L, d_model]`: the mixer's, or the block's with `pre_w`.
+    pub u: &'a [T],
+    /// `in_proj`: `[d_model, width]` and `[width]`.
+    pub in_w: &'a [T],
+    /// See `in_w`.
+    pub in_b: Option<&'a [T]>,
+    /// `[batch, d_conv - 1, conv_dim]`, the convolution's left context; zeros when `None`.
+    pub tail: Option<&'a [T]>,
+    /// `[batch, nheads, headdim, d_state]`, the scan's initial state; zeros when `None`.
+    pub h0: Option<&'a [T]>,
+    /// `[conv_dim, d_conv]`.
+    pub conv_w: &'a [T],
+    /// `[conv_dim]`.
+    pub conv_b: Option<&'a [T]>,
+    /// `[nheads]`.
+    pub dt_bias: &'a [T],
+    /// `[nheads]`.
+    pub a_log: &'a [T],
+    /// `[nheads]` or `[d_inner]`.
+    pub d: &'a [T],
+    /// The gated norm's weight, `[d_inner]`.
+    pub norm_w: &'a [T],
+    /// `out_proj`: `[d_inner, d_model]` and `[d_model]`.
+    pub out_w: &'a [T],
+    /// See `out_w`.
+    pub out_b: Option<&'a [T]>,
+    /// The block around the mixer, when given: the weight `[d_model]` of the RMS norm in front of
+    /// it. Then `u` is the block's input, the mixer reads its norm, and the output is `u` plus
+    /// the mixer's (the residual).
+    pub pre_w: Option<&'a [T]>,
+    /// The stack's final RMS norm weight `[d_model]`, when this is its last layer: the output is
+    /// then that norm of what it would otherwise be.
+    pub post_w: Option<&'a [T]>,
+}
+
+impl<'a, T: HostFloat> LayerPlan<'a, T> {
+    fn params(&self) -> Params<'a, T> {
+        Params { conv_w: self.conv_w, conv_b: self.conv_b, dt_bias: self.dt_bias, a_log: self.a_log, d: self.d, norm_w: self.norm_w }
+    }
+
+    fn inputs<'b>(&self, zx: &'b [T]) -> Inputs<'b, T>
+    where
+        'a: 'b,
+    {
+        Inputs { zx, tail: self.tail, h0: self.h0 }
+    }
+}
+
+/// The gradient of every input of a [`LayerPlan`], each named and shaped as its input; empty for
+/// an absent input (and for `u` when the backward was told it is not needed).
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)] // Each field is the gradient of the plan's field of the same name.
+pub struct LayerGrads<T> {
+    pub u: Vec<T>,
+    pub in_w: Vec<T>,
+    pub in_b: Vec<T>,
+    pub tail: Vec<T>,
+    pub h0: Vec<T>,
+    pub conv_w: Vec<T>,
+    pub conv_b: Vec<T>,
+    pub dt_bias: Vec<T>,
+    pub a_log: Vec<T>,
+    pub d: Vec<T>,
+    pub norm_w: Vec<T>,
+    pub out_w: Vec<T>,
+    pub out_b: Vec<T>,
+    pub pre_w: Vec<T>,
+    pub post_w: Vec<T>,
+}
+
+/// What the forward keeps for the backward, beyond the plan's inputs.
+#[derive(Debug)]
+pub struct LayerSaved<T> {
+    /// The `in_proj` output, `[rows, width]`.
+    zx: Vec<T>,
+    /// The gated norm's output, the `out_proj` input, `[rows, d_inner]`.
+    normed: Vec<T>,
+    core: Saved<T>,
+    /// With the block's norm: its output, the `in_proj` input (`[rows, d_model]`), and `1 / rms`
+    /// per row.
+    pre: Option<(Vec<T>, Vec<T>)>,
+    /// With the final norm: its input (`[rows, d_model]`) and `1 / rms` per row.
+    post: Option<(Vec<T>, Vec<T>)>,
+}
+
+/// Lengths of the three parts of the packed output: `y`, the final scan state, the conv tail.
+pub fn packed_parts(dims: &Dims) -> [usize; 3] {
+    [dims.rows() * dims.d_model, dims.batch * dims.state_len(), dims.batch * (dims.d_conv - 1) * dims.conv_dim()]
+}
+
+/// The source of the conv tail's row `s` for batch `b`: the last `d_conv - 1` pre-convolution
+/// rows of the old tail followed by this call's rows. `Ok(row)` for a row of `zx`, `Err(row)`
+/// for a row of the old tail.
+fn tail_source(dims: &Dims, b: usize, s: usize) -> Result<usize, usize> {
+    let k1 = dims.d_conv - 1;
+    let j = dims.len + s;
+    if j >= k1 {
+        Ok(b * dims.len + j - k1)
+    } else {
+        Err(b * k1 + j)
+    }
+}
+
+/// The layer's forward: the packed output `[y | final state | conv tail]` and, with `keep`, what
+/// the backward needs.
+pub fn forward<T: HostFloat>(a: &LayerPlan<T>, keep: bool) -> (Vec<T>, Option<LayerSaved<T>>) {
+    let dims = a.dims;
+    let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
+    let pre = a.pre_w.map(|pw| rms_norm(a.u, pw, dims.eps));
+    let u = pre.as_ref().map_or(a.u, |(normed, _)| normed);
+    let zx = affine(rows, w, dm, Mat::rows(u, dm), Mat::rows(a.in_w, w), a.in_b, None);
+    let (normed, fin, core) = core_forward(&dims, &a.inputs(&zx), &a.params(), keep);
+
+    let [ny, ns, nt] = packed_parts(&dims);
+    let residual = pre.is_some().then_some(a.u);
+    let mut out = affine(rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w, dm), a.out_b, residual);
+    let post = a.post_w.map(|pw| {
+        let (normed, rstd) = rms_norm(&out, pw, dims.eps);
+        (std::mem::replace(&mut out, normed), rstd)
+    });
+    out.reserve_exact(ns + nt);
+    out.extend_from_slice(&fin);
+    let xbc = dims.xbc();
+    for i in 0..dims.batch * (dims.d_conv - 1) {
+        let (b, s) = (i / (dims.d_conv - 1), i % (dims.d_conv - 1));
+        match (tail_source(&dims, b, s), a.tail) {
+            (Ok(r), _) => out.extend_from_slice(&zx[r * w + xbc.start..r * w + xbc.end]),
+            (Err(r), Some(old)) => out.extend_from_slice(&old[r * cd..(r + 1) * cd]),
+            (Err(_), None) => out.resize(out.len() + cd, T::zero()),
+        }
+    }
+    debug_assert_eq!(out.len(), ny + ns + nt);
+    (out, keep.then_some(LayerSaved { zx, normed, core, pre, post }))
+}
+
+/// The layer's backward: the gradient of every input, given that of the packed output. With
+/// `need_u` false (the input is not tracked, as for a stack's first layer fed data) the input's
+/// gradient is left empty: its product with `in_proj`'s weight is a sixth of a layer's matrix
+/// work, and torch skips it too.
+pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T], need_u: bool) -> LayerGrads<T> {
+    let dims = a.dims;
+    let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
+    let [ny, ns, _] = packed_parts(&dims);
+    let (gy, rest) = gout.split_at(ny);
+    let (gfin, gtail_out) = rest.split_at(ns);
+    // Through the final norm first, when this is the stack's last layer.
+    let (gy_post, post_w) = match (&saved.post, a.post_w) {
+        (Some((y, rstd)), Some(pw)) => {
+            let (g, gw) = rms_norm_backward(y, pw, rstd, gy, None);
+            (Some(g), gw)
+        }
+        _ => (None, Vec::new()),
+    };
+    let gy = gy_post.as_deref().unwrap_or(gy);
+
+    // out_proj: its weight, its bias, and the gradient reaching the norm's output.
+    let out_w = product(di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
+    let out_b = if a.out_b.is_some() { column_sums(gy, dm) } else { Vec::new() };
+    let gnormed = product(rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w, dm));
+
+    let mut g = core_backward(&dims, &a.inputs(&saved.zx), &a.params(), &saved.core, &gnormed, gfin);
+    drop(gnormed);
+    // The conv tail handed on is made of pre-convolution rows: its gradient goes back to them.
+    let xbc = dims.xbc();
+    for (i, grow) in gtail_out.chunks(cd).enumerate() {
+        let (b, s) = (i / (dims.d_conv - 1), i % (dims.d_conv - 1));
+        let dst = match tail_source(&dims, b, s) {
+            Ok(r) => &mut g.zx[r * w + xbc.start..r * w + xbc.end],
+            Err(r) => &mut g.tail[r * cd..(r + 1) * cd],
+        };
+        for (o, &v) in dst.iter_mut().zip(grow) {
+            *o = *o + v;
+        }
+    }
+
+    // in_proj: its weight, its bias, and the gradient of its input.
+    let in_b = if a.in_b.is_some() { column_sums(&g.zx, w) } else { Vec::new() };
+    let g_in = || product(rows, dm, w, Mat::rows(&g.zx, w), Mat::transposed(a.in_w, w));
+    let (in_w, u, pre_w) = match (&saved.pre, a.pre_w) {
+        (Some((_, rstd)), Some(pw)) if !need_u => {
+            // The norm weight's gradient, sum_r g_in[r, j] xhat[r, j] with g_in = gzx in_w^T,
+            // is sum_k in_w[j, k] G[j, k] with G = xhat^T gzx; and in_proj's weight gradient is
+            // G with row j scaled by the norm weight, so no g_in is needed at all.
+            let xhat = rms_unit(a.u, rstd, dm);
+            let mut gw = product(dm, w, rows, Mat::transposed(&xhat, dm), Mat::rows(&g.zx, w));
+            let pre_w = gw.chunks(w).zip(a.in_w.chunks(w)).map(|(gr, wr)| dot(gr, wr)).collect();
+            for (row, &scale) in gw.chunks_mut(w).zip(pw) {
+                row.iter_mut().for_each(|v| *v = *v * scale);
+            }
+            (gw, Vec::new(), pre_w)
+        }
+        // With the block around the mixer, `u` reaches the output through the norm and directly.
+        (Some((normed, rstd)), Some(pw)) => {
+            let in_w = product(dm, w, rows, Mat::transposed(normed, dm), Mat::rows(&g.zx, w));
+            let (u, pre_w) = rms_norm_backward(a.u, pw, rstd, &g_in(), Some(gy));
+            (in_w, u, pre_w)
+        }
+        _ => {
+            let in_w = product(dm, w, rows, Mat::transposed(a.u, dm), Mat::rows(&g.zx, w));
+            (in_w, if need_u { g_in() } else { Vec::new() }, Vec::new())
+        }
+    };
+
+    LayerGrads {
+        u,
+        in_w,
+        in_b,
+        tail: g.tail,
+        h0: g.h0,
+        conv_w: g.conv_w,
+        conv_b: g.conv_b,
+        dt_bias: g.dt_bias,
+        a_log: g.a_log,
+        d: g.d,
+        norm_w: g.norm_w,
+        out_w,
+        out_b,
+        pre_w,
+        post_w,
+    }
+}

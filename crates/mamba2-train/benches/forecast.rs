@@ -8,6 +8,11 @@
 //!   model trained with lookback `L` = 96 and 512, after a history of 2,000 rows: the time per
 //!   row does not depend on `L`, since the recurrent state carries the history.
 //!
+//! - `forecast/workers/W`: one epoch of 16 default train steps (batch 32, the embedded ETTh1,
+//!   validation on 16 windows) through `train_workers` with W = 1 and 2 data-parallel workers in
+//!   this process: the cost of splitting each step and summing the gradients. On two cores no
+//!   speed-up is expected; the figure shows the overhead.
+//!
 //! `cargo bench -p mamba2-train --bench forecast`
 
 use std::time::Duration;
@@ -21,7 +26,7 @@ use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
 use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{ColumnChoice, Scaler, Table};
-use mamba2_train::{train_step, ForecastStream, ForecasterConfig, TrainConfig};
+use mamba2_train::{train_step, train_workers, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
 
 type B = Autodiff<Flex>;
 
@@ -112,7 +117,38 @@ fn stream_rows(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(forecast, train_steps, stream_rows);
+fn workers(c: &mut Criterion) {
+    let data = etth1();
+    let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).unwrap();
+    let scaler = Scaler::fit(&table.rows[..8640], &table.columns).unwrap();
+    // 16 steps of 32 windows from the training rows, and 16 validation windows.
+    let (l, h) = (96, 96);
+    let prepared = Prepared {
+        rows: data.rows.clone(),
+        scaler,
+        ranges: [(0, 32 * 16 + l + h - 1), (8640 - l, 8640 + 16 + h - 1), (8640 + 16 + h - 1, data.rows.len())],
+        targets: (0..data.columns.len()).collect(),
+        clock: data.clock.clone(),
+    };
+    let config = config(&data, l);
+    let tc = TrainConfig { epochs: 1, stride: 1, ..TrainConfig::default() };
+    let device = Default::default();
+    let mut group = c.benchmark_group("forecast/workers");
+    group.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(2));
+    for w in [1, 2] {
+        let dir = std::env::temp_dir().join(format!("mamba2-bench-workers-{w}-{}", std::process::id()));
+        group.bench_function(BenchmarkId::from_parameter(w), |b| {
+            b.iter(|| {
+                let _ = std::fs::remove_dir_all(&dir);
+                train_workers::<B>(&config, &tc, &prepared, &RunDir(dir.clone()), false, &device, w, |_| {}).unwrap()
+            })
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    group.finish();
+}
+
+criterion_group!(forecast, train_steps, stream_rows, workers);
 
 fn main() {
     mamba2_train::keep_freed_memory();

@@ -48,6 +48,7 @@ pub mod features;
 mod forecaster;
 mod load;
 mod memory;
+mod parallel;
 mod parquet_input;
 pub mod plot;
 mod stream;
@@ -56,10 +57,11 @@ mod trainer;
 pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
 pub use load::{open_forecaster, Opened};
 pub use memory::keep_freed_memory;
+pub use parallel::Peer;
 pub use stream::ForecastStream;
 pub use trainer::{
-    evaluate, evaluate_continuous, evaluate_table, train, train_step, EpochRecord, Loss, Prepared, Progress, RunDir, TrainConfig,
-    TrainSummary,
+    evaluate, evaluate_continuous, evaluate_table, train, train_step, train_workers, EpochRecord, Loss, Prepared, Progress, RunDir,
+    TrainConfig, TrainSummary,
 };
 
 /// Everything that can stop a run, with the offending value in the message.
@@ -109,4 +111,13 @@ pub enum TrainError {
     /// The optimizer failed.
     #[error(transparent)]
     Optim(#[from] mamba2_optim::OptimError),
+    /// A data-parallel worker could not exchange with the others, or stopped because another
+    /// one did.
+    #[error("worker {rank}: {why}")]
+    Collective {
+        /// The worker that reports it.
+        rank: usize,
+        /// What happened.
+        why: String,
+    },
 }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{ErrorSums, ErrorTable, Scaler, Windows};
 use crate::ema::Ema;
 use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
+use crate::parallel::Peer;
 use crate::TrainError;
 
 /// Optimisation settings.
@@ -344,6 +345,22 @@ pub fn train_step<B: AutodiffBackend>(
     lr: f64,
     kind: Loss,
 ) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
+    train_share(model, optim, batch, lr, kind, 1.0, &Peer::alone())
+}
+
+/// One step of a data-parallel run: `batch` is this worker's share of the global batch and
+/// `weight` its part of the global count, so that the workers' losses add up to the global
+/// mean; the gradients are summed across the workers before the update, which every worker then
+/// applies alike. Returns the global loss.
+fn train_share<B: AutodiffBackend>(
+    model: Forecaster<B>,
+    optim: &mut AdamW<B>,
+    batch: &Batch<B>,
+    lr: f64,
+    kind: Loss,
+    weight: f64,
+    peer: &Peer,
+) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
     let truth =
         batch.truth_rel.clone().ok_or_else(|| TrainError::Config { why: "a training batch needs the values that follow it".into() })?;
     let err = model.forward_relative(batch)? - truth;
@@ -352,16 +369,69 @@ pub fn train_step<B: AutodiffBackend>(
         Loss::Mae => err.abs().mean(),
         Loss::MseMae => err.clone().powi_scalar(2).mean() + err.abs().mean(),
     };
-    let value = loss_value(&loss);
+    let loss = if weight == 1.0 { loss } else { loss.mul_scalar(weight) };
+    let device = loss.device();
+    // Every worker sees the same global value, so all of them stop here together when it is
+    // not finite.
+    let value = peer.sum_values::<B::InnerBackend>(&[loss_value(&loss)], &device)?[0];
     if !value.is_finite() {
         return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
     }
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let grads = peer.sum_grads(&model, GradientsParams::from_grads(loss.backward(), &model))?;
     let (next, report) = optim.step(lr, model, grads).map_err(|e| match e {
         OptimError::NonFinite { path, step } => TrainError::NonFinite { step, what: format!("gradient of {path}") },
         other => other.into(),
     })?;
     Ok((next, value, report))
+}
+
+/// This worker's own error, or, when another worker failed (`failures` > 0), an error that says
+/// so: every worker leaves the run at the same point, none waits for the others forever.
+fn stop_together<T>(peer: &Peer, outcome: Result<T, TrainError>, failures: f64) -> Result<T, TrainError> {
+    match outcome {
+        Err(e) => Err(e),
+        Ok(_) if failures > 0.0 => Err(TrainError::Collective { rank: peer.rank, why: "stopped because worker 0 failed".into() }),
+        Ok(v) => Ok(v),
+    }
+}
+
+/// Worker 0's files after an epoch: the best weights when they improved, the optimizer, the
+/// weight average, `last.ckpt` (the commit point) and the metrics.
+#[allow(clippy::too_many_arguments)]
+fn save_epoch<B: AutodiffBackend>(
+    config: &ForecasterConfig,
+    dir: &RunDir,
+    epoch: usize,
+    best: bool,
+    valid: &Forecaster<B::InnerBackend>,
+    model: &Forecaster<B>,
+    optim: &AdamW<B>,
+    ema: &Option<Ema<B::InnerBackend>>,
+    meta: &mut RunMeta,
+) -> Result<(), TrainError> {
+    if best {
+        save_checkpoint(valid, config, &serde_json::to_value(&*meta).expect("serialisable"), &dir.best())?;
+    }
+    // The optimizer file is named by epoch and written first; last.ckpt, which names it, is the
+    // commit point, so a kill at any moment leaves a consistent pair behind.
+    let optim_file = format!("optim-{epoch}.safetensors");
+    optim.save(&dir.0.join(&optim_file))?;
+    let previous = meta.optim_file.replace(optim_file);
+    let previous_ema = match ema {
+        Some(e) => {
+            let f = format!("ema-{epoch}.ckpt");
+            save_checkpoint(&e.model, config, &serde_json::Value::Null, &dir.0.join(&f))?;
+            meta.ema_updates = e.updates();
+            meta.ema_file.replace(f)
+        }
+        None => None,
+    };
+    // last.ckpt holds the weights as trained (what a resumed run continues from).
+    save_checkpoint(&model.valid(), config, &serde_json::to_value(&*meta).expect("serialisable"), &dir.last())?;
+    for p in [previous, previous_ema].into_iter().flatten() {
+        let _ = std::fs::remove_file(dir.0.join(p));
+    }
+    write_metrics(&dir.metrics(), &meta.history)
 }
 
 fn write_metrics(path: &Path, history: &[EpochRecord]) -> Result<(), TrainError> {
@@ -382,23 +452,98 @@ pub fn train<B: AutodiffBackend>(
     dir: &RunDir,
     resume: bool,
     device: &B::Device,
+    report: impl FnMut(Progress),
+) -> Result<TrainSummary, TrainError> {
+    train_as::<B>(Peer::alone(), config, tc, data, dir, resume, device, report)
+}
+
+/// [`train`] with `workers` data-parallel workers in this process, one thread each (see
+/// [`Peer`]): the same run, to rounding, as one worker with the same global batch. Worker 0
+/// validates, reports and writes `dir`; an error on any worker stops them all.
+///
+/// # Errors
+/// As [`train`]; [`TrainError::Config`] for a model with dropout (its masks would be drawn by
+/// all workers from one process-wide generator, in no fixed order), and
+/// [`TrainError::Collective`] when the workers cannot exchange.
+#[allow(clippy::too_many_arguments)]
+pub fn train_workers<B: AutodiffBackend>(
+    config: &ForecasterConfig,
+    tc: &TrainConfig,
+    data: &Prepared,
+    dir: &RunDir,
+    resume: bool,
+    device: &B::Device,
+    workers: usize,
+    report: impl FnMut(Progress),
+) -> Result<TrainSummary, TrainError>
+where
+    B::Device: Sync,
+{
+    if workers <= 1 {
+        return train::<B>(config, tc, data, dir, resume, device, report);
+    }
+    if config.spec.dropout > 0.0 {
+        return Err(TrainError::Config { why: format!("--workers {workers} needs dropout 0 (it is {})", config.spec.dropout) });
+    }
+    if workers > tc.batch_size {
+        return Err(TrainError::Config { why: format!("--workers {workers} is more than the batch size {}", tc.batch_size) });
+    }
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (1..workers)
+            .map(|rank| scope.spawn(move || train_as::<B>(Peer { rank, world: workers }, config, tc, data, dir, resume, device, |_| {})))
+            .collect();
+        let lead = train_as::<B>(Peer { rank: 0, world: workers }, config, tc, data, dir, resume, device, report);
+        let mut first_error = lead.as_ref().err().map(|e| e.to_string());
+        for (rank, worker) in others.into_iter().enumerate() {
+            match worker.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    first_error.get_or_insert_with(|| e.to_string());
+                }
+                Err(_) => {
+                    first_error.get_or_insert_with(|| format!("worker {} panicked", rank + 1));
+                }
+            }
+        }
+        match (lead, first_error) {
+            (Ok(summary), None) => Ok(summary),
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(why)) => Err(TrainError::Collective { rank: 0, why }),
+        }
+    })
+}
+
+/// The model a run starts from: drawn from the backend's generator, which is one per process,
+/// so workers take turns (each draws the same values from the same seed).
+fn init_model<B: AutodiffBackend>(config: &ForecasterConfig, seed: u64, device: &B::Device) -> Result<Forecaster<B>, TrainError> {
+    static DRAWING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = DRAWING.lock().unwrap_or_else(|e| e.into_inner());
+    B::seed(device, seed);
+    Ok(config.init::<B>(device)?)
+}
+
+/// [`train`] as worker `peer` of a data-parallel run.
+#[allow(clippy::too_many_arguments)]
+fn train_as<B: AutodiffBackend>(
+    peer: Peer,
+    config: &ForecasterConfig,
+    tc: &TrainConfig,
+    data: &Prepared,
+    dir: &RunDir,
+    resume: bool,
+    device: &B::Device,
     mut report: impl FnMut(Progress),
 ) -> Result<TrainSummary, TrainError> {
     tc.validate()?;
-    std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
-    // A kill during a save leaves its temporary file behind; the rename that would have used it
-    // never happened, so it holds nothing a run needs.
-    mamba2_model::remove_temporaries(&dir.0);
+    if peer.leads() {
+        std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
+        // A kill during a save leaves its temporary file behind; the rename that would have used
+        // it never happened, so it holds nothing a run needs.
+        mamba2_model::remove_temporaries(&dir.0);
+    }
     let (l, h) = (config.spec.lookback, config.spec.horizon);
     let train_w = Windows::new(&data.rows, data.ranges[0], l, h, 1)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;
-    let per_epoch = |epoch: usize| -> Vec<usize> {
-        // Window starts offset..len step stride, offset drawn per epoch: each epoch sees a
-        // different 1/stride of the windows, in an order that is a function of (seed, epoch).
-        let offset = permutation(tc.stride, tc.seed ^ 0x5EED, epoch)[0];
-        let picked: Vec<usize> = (offset..train_w.len()).step_by(tc.stride).collect();
-        permutation(picked.len(), tc.seed, epoch).into_iter().map(|i| picked[i]).collect()
-    };
     let steps_per_epoch = train_w.len().div_ceil(tc.stride).div_ceil(tc.batch_size);
     let schedule = LrSchedule::WarmupCosine {
         peak: tc.lr,
@@ -408,7 +553,7 @@ pub fn train<B: AutodiffBackend>(
     };
     let ocfg = AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..AdamWConfig::default() };
 
-    let (mut model, mut optim, mut meta, mut ema) = if resume && dir.last().exists() {
+    let (model, optim, meta, ema) = if resume && dir.last().exists() {
         let loaded = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.last(), device, |c, d| c.init(d))?;
         if &loaded.config != config {
             return Err(TrainError::Config {
@@ -438,8 +583,7 @@ pub fn train<B: AutodiffBackend>(
         report(Progress::Resumed { epochs_done: meta.history.len(), step: optim.steps() });
         (loaded.module, optim, meta, ema)
     } else {
-        B::seed(device, tc.seed);
-        let model = config.init::<B>(device)?;
+        let model = init_model::<B>(config, tc.seed, device)?;
         let optim = AdamW::new(ocfg, &model)?;
         let meta = RunMeta {
             history: Vec::new(),
@@ -455,6 +599,36 @@ pub fn train<B: AutodiffBackend>(
         (model, optim, meta, ema)
     };
 
+    peer.join::<B::InnerBackend>(device)?;
+    let result = epochs(peer, config, tc, data, dir, device, &train_w, &val_w, &schedule, (model, optim, meta, ema), &mut report);
+    let left = peer.leave::<B::InnerBackend>();
+    let summary = result?;
+    left?;
+    Ok(summary)
+}
+
+/// The epochs of [`train_as`], from the given model, optimizer and run state on.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn epochs<B: AutodiffBackend>(
+    peer: Peer,
+    config: &ForecasterConfig,
+    tc: &TrainConfig,
+    data: &Prepared,
+    dir: &RunDir,
+    device: &B::Device,
+    train_w: &Windows,
+    val_w: &Windows,
+    schedule: &LrSchedule,
+    (mut model, mut optim, mut meta, mut ema): (Forecaster<B>, AdamW<B>, RunMeta, Option<Ema<B::InnerBackend>>),
+    report: &mut impl FnMut(Progress),
+) -> Result<TrainSummary, TrainError> {
+    let per_epoch = |epoch: usize| -> Vec<usize> {
+        // Window starts offset..len step stride, offset drawn per epoch: each epoch sees a
+        // different 1/stride of the windows, in an order that is a function of (seed, epoch).
+        let offset = permutation(tc.stride, tc.seed ^ 0x5EED, epoch)[0];
+        let picked: Vec<usize> = (offset..train_w.len()).step_by(tc.stride).collect();
+        permutation(picked.len(), tc.seed, epoch).into_iter().map(|i| picked[i]).collect()
+    };
     let mut stopped_early = false;
     for epoch in meta.history.len() + 1..=tc.epochs {
         if meta.history.len() >= meta.best_epoch + tc.patience && meta.best_epoch > 0 {
@@ -467,12 +641,14 @@ pub fn train<B: AutodiffBackend>(
         report(Progress::EpochStart { epoch, steps: order.len().div_ceil(tc.batch_size), windows: order.len() });
         let (mut loss_sum, mut norm_sum, mut lr, mut steps) = (0.0, 0.0, 0.0, 0usize);
         for idx in order.chunks(tc.batch_size) {
-            let batch = train_batch(&model, data, &train_w, idx, (tc.loss_from, tc.loss_every), device);
+            let shard = peer.shard(idx);
+            let batch = train_batch(&model, data, train_w, shard, (tc.loss_from, tc.loss_every), device);
             lr = schedule.lr_at(optim.steps());
             // Dropout draws from the backend's generator: seeded per step, so that a resumed run
             // draws what an uninterrupted one would.
             B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-            let (next, value, step_report) = train_step(model, &mut optim, &batch, lr, tc.loss)?;
+            let weight = shard.len() as f64 / idx.len() as f64;
+            let (next, value, step_report) = train_share(model, &mut optim, &batch, lr, tc.loss, weight, &peer)?;
             model = next;
             if let Some(e) = ema.as_mut() {
                 e.update(&model.valid());
@@ -483,9 +659,15 @@ pub fn train<B: AutodiffBackend>(
             report(Progress::Step { done: steps, loss: value });
         }
         report(Progress::Validating);
-        // What is evaluated and kept as best: the weight average where there is one.
+        // What is evaluated and kept as best: the weight average where there is one. Worker 0
+        // evaluates and hands the figures on, so that every worker's run state (history, best
+        // epoch, hence early stopping) stays the same.
         let valid = ema.as_ref().map_or_else(|| model.valid(), |e| e.model.clone());
-        let (val_mse, val_mae) = evaluate(&valid, &val_w, &data.clock, tc.batch_size, false, device)?;
+        let validated = if peer.leads() { evaluate(&valid, val_w, &data.clock, tc.batch_size, false, device).map(Some) } else { Ok(None) };
+        let (val_mse, val_mae) = validated.as_ref().ok().copied().flatten().unwrap_or((0.0, 0.0));
+        let shared = peer.sum_values::<B::InnerBackend>(&[val_mse, val_mae, f64::from(u8::from(validated.is_err()))], device)?;
+        stop_together(&peer, validated, shared[2])?;
+        let (val_mse, val_mae) = (shared[0], shared[1]);
         let record = EpochRecord {
             epoch,
             step: optim.steps(),
@@ -502,28 +684,10 @@ pub fn train<B: AutodiffBackend>(
         if best {
             meta.best_val = val_mse;
             meta.best_epoch = epoch;
-            save_checkpoint(&valid, config, &serde_json::to_value(&meta).expect("serialisable"), &dir.best())?;
         }
-        // The optimizer file is named by epoch and written first; last.ckpt, which names it, is
-        // the commit point, so a kill at any moment leaves a consistent pair behind.
-        let optim_file = format!("optim-{epoch}.safetensors");
-        optim.save(&dir.0.join(&optim_file))?;
-        let previous = meta.optim_file.replace(optim_file);
-        let previous_ema = match &ema {
-            Some(e) => {
-                let f = format!("ema-{epoch}.ckpt");
-                save_checkpoint(&e.model, config, &serde_json::Value::Null, &dir.0.join(&f))?;
-                meta.ema_updates = e.updates();
-                meta.ema_file.replace(f)
-            }
-            None => None,
-        };
-        // last.ckpt holds the weights as trained (what a resumed run continues from).
-        save_checkpoint(&model.valid(), config, &serde_json::to_value(&meta).expect("serialisable"), &dir.last())?;
-        for p in [previous, previous_ema].into_iter().flatten() {
-            let _ = std::fs::remove_file(dir.0.join(p));
-        }
-        write_metrics(&dir.metrics(), &meta.history)?;
+        let written = if peer.leads() { save_epoch(config, dir, epoch, best, &valid, &model, &optim, &ema, &mut meta) } else { Ok(()) };
+        let failed = peer.sum_values::<B::InnerBackend>(&[f64::from(u8::from(written.is_err()))], device)?;
+        stop_together(&peer, written, failed[0])?;
     }
     Ok(TrainSummary { history: meta.history, best_epoch: meta.best_epoch, stopped_early })
 }

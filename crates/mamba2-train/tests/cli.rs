@@ -203,6 +203,21 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ("lookback 0", vec!["train", "--data", g, "--lookback", "0", "--horizon", "3"], "lookback must be at least 1"),
         ("horizon 0", vec!["train", "--data", g, "--lookback", "12", "--horizon", "0"], "horizon must be at least 1"),
         (
+            "workers 0",
+            vec!["train", "--data", g, "--workers", "0", "--lookback", "12", "--horizon", "3"],
+            "invalid value '0' for '--workers",
+        ),
+        (
+            "more workers than windows per step",
+            vec!["train", "--data", g, "--workers", "9", "--batch-size", "8", "--lookback", "12", "--horizon", "3"],
+            "--workers 9 is more than the batch size 8",
+        ),
+        (
+            "workers with dropout",
+            vec!["train", "--data", g, "--workers", "2", "--dropout", "0.1", "--lookback", "12", "--horizon", "3"],
+            "--workers 2 needs dropout 0 (it is 0.1)",
+        ),
+        (
             "a target named twice",
             vec!["train", "--data", g, "--targets", "a,a", "--lookback", "12", "--horizon", "3"],
             "each column may appear only once",

@@ -8,7 +8,7 @@ use mamba2_train::{evaluate, train, ForecastStream, ForecasterConfig, Prepared, 
 
 /// Two hourly series: a trend, a daily cycle whose shape differs per series, a slow wave, and
 /// noise (the seeded generator of the tests).
-fn synthetic(rows: usize) -> String {
+pub fn synthetic(rows: usize) -> String {
     let mut rng = mamba2_tensor::rng::SplitMix64::new(7);
     let mut s = String::from("date,load,temp\n");
     let start = chrono_like_start();

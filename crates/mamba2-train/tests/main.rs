@@ -6,6 +6,7 @@
 mod cli;
 mod forecast;
 mod fuzz;
+mod parallel;
 mod protocol;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -19,7 +19,8 @@ use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_train::plot::{draw, Chart, Line};
 use mamba2_train::{
-    evaluate, evaluate_table, train, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir, TrainConfig,
+    evaluate, evaluate_table, train_workers, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir,
+    TrainConfig,
 };
 use report::Reporter;
 
@@ -178,6 +179,10 @@ struct TrainArgs {
     /// Do not evaluate the test split (for choosing settings on the validation split).
     #[arg(long)]
     no_test: bool,
+    /// Data-parallel workers in this process, one thread each: every step's batch is split
+    /// between them and their gradients summed, which gives the one-worker run to rounding.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    workers: u32,
     /// Evaluate and keep a moving average of the weights with this decay per step (0: off).
     #[arg(long)]
     ema: Option<f64>,
@@ -429,7 +434,7 @@ fn train_one(
     let mut reporter = Reporter::new(a.json, tc.epochs, config.spec.lookback * config.spec.targets.len());
     with_backend!(a.backend, B, {
         let device = Default::default();
-        let summary = train::<B>(config, tc, data, &dir, a.resume, &device, |p| reporter.show(p))?;
+        let summary = train_workers::<B>(config, tc, data, &dir, a.resume, &device, a.workers as usize, |p| reporter.show(p))?;
         let loaded =
             load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
                 c.init(d)
@@ -606,7 +611,13 @@ impl RunInfo {
                     }
                 ),
             ),
-            ("backend".into(), format!("{backend}, {threads} threads")),
+            (
+                "backend".into(),
+                match a.workers {
+                    1 => format!("{backend}, {threads} threads"),
+                    w => format!("{backend}, {threads} threads, {w} data-parallel workers (up to {} windows each per step)", tc.batch_size.div_ceil(w as usize)),
+                },
+            ),
             ("out".into(), out.display().to_string()),
         ];
         let json = serde_json::json!({

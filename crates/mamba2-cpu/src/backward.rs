@@ -35,7 +35,7 @@ multiversion! {
         dims: &Dims, saved: &Saved<T>, blocks: &[BlockGrads<T>], nblk: usize, first: usize,
         gxa: &mut [T], gzx: &mut [T]
     ) -> Vec<T> {
-        let (l, h, w, di, cd) = (dims.len, dims.nheads, dims.width(), dims.d_inner(), dims.conv_dim());
+        let (l, h, w, cd) = (dims.len, dims.nheads, dims.width(), dims.conv_dim());
         let gn = dims.ngroups * dims.d_state;
         let mut dtb = vec![T::zero(); h];
         for (i, (row, gzr)) in gxa.chunks_mut(cd).zip(gzx.chunks_mut(w)).enumerate() {
@@ -43,7 +43,7 @@ multiversion! {
             let (b, t) = (r / l, r % l);
             for bg in &blocks[b * nblk..(b + 1) * nblk] {
                 let (first, heads) = (bg.first, bg.heads);
-                for (o, &v) in row[di..di + 2 * gn].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
+                for (o, &v) in row[dims.bc()].iter_mut().zip(&bg.gbc[t * 2 * gn..(t + 1) * 2 * gn]) {
                     *o = *o + v;
                 }
                 for j in 0..heads {

@@ -98,6 +98,11 @@ impl Dims {
         let at = self.d_inner() + group * self.d_state;
         at..at + self.d_state
     }
+    /// All `B` and then all `C` columns of an `xBC` row.
+    #[inline]
+    pub fn bc(&self) -> Range<usize> {
+        self.d_inner()..self.conv_dim()
+    }
     /// The `C` columns of group `group` in an `xBC` row.
     #[inline]
     pub fn c_of(&self, group: usize) -> Range<usize> {

@@ -15,7 +15,7 @@ multiversion! {
         let (g, w, di) = (dims.ngroups, dims.width(), dims.d_inner());
         for (i, (orow, rs)) in out.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
             let r = first + i;
-            gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..r * w + di], prm.norm_w, orow, rs);
+            gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..][dims.z()], prm.norm_w, orow, rs);
         }
     }
 }
@@ -68,7 +68,7 @@ multiversion! {
         let mut sig = vec![T::zero(); di];
         for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
             let r = first + i;
-            let z = &inp.zx[r * w..r * w + di];
+            let z = &inp.zx[r * w..][dims.z()];
             sigmoid_into(z, &mut sig);
             for gi in 0..g {
                 let span = gi * gw..(gi + 1) * gw;

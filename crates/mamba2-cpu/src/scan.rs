@@ -279,7 +279,8 @@ multiversion! {
             let bh = b * h + hh;
             let gi = hh / (h / g);
             let rows = HeadRows::new(dims, &saved.xa, &saved.dt, b, hh);
-            let gy_at = |t: usize| &gy[(b * l + t) * di + hh * p..(b * l + t) * di + (hh + 1) * p];
+            let cols = dims.x_of(hh);
+            let gy_at = |t: usize| &gy[(b * l + t) * di + cols.start..(b * l + t) * di + cols.end];
             let step = |t: usize| {
                 let (x, bv, cv, dtv, decay) = rows.at(t);
                 (x, bv, cv, dtv, decay, gy_at(t))

@@ -345,39 +345,51 @@ pub fn train_step<B: AutodiffBackend>(
     lr: f64,
     kind: Loss,
 ) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
-    train_share(model, optim, batch, lr, kind, 1.0, &Peer::alone())
+    let device = batch.inputs.device();
+    train_share(model, optim, Some(batch), lr, kind, 1.0, &Peer::alone(), &device)
 }
 
-/// One step of a data-parallel run: `batch` is this worker's share of the global batch and
-/// `weight` its part of the global count, so that the workers' losses add up to the global
-/// mean; the gradients are summed across the workers before the update, which every worker then
-/// applies alike. Returns the global loss.
+/// One step of a data-parallel run: `batch` is this worker's share of the global batch (`None`
+/// when the share is empty, as in a short last batch with many workers) and `weight` its part of
+/// the global count, so that the workers' losses add up to the global mean; the gradients are
+/// summed across the workers before the update, which every worker then applies alike. Returns
+/// the global loss.
+#[allow(clippy::too_many_arguments)]
 fn train_share<B: AutodiffBackend>(
     model: Forecaster<B>,
     optim: &mut AdamW<B>,
-    batch: &Batch<B>,
+    batch: Option<&Batch<B>>,
     lr: f64,
     kind: Loss,
     weight: f64,
     peer: &Peer,
+    device: &B::Device,
 ) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
-    let truth =
-        batch.truth_rel.clone().ok_or_else(|| TrainError::Config { why: "a training batch needs the values that follow it".into() })?;
-    let err = model.forward_relative(batch)? - truth;
-    let loss = match kind {
-        Loss::Mse => err.powi_scalar(2).mean(),
-        Loss::Mae => err.abs().mean(),
-        Loss::MseMae => err.clone().powi_scalar(2).mean() + err.abs().mean(),
+    let loss = match batch {
+        Some(batch) => {
+            let truth = batch
+                .truth_rel
+                .clone()
+                .ok_or_else(|| TrainError::Config { why: "a training batch needs the values that follow it".into() })?;
+            let err = model.forward_relative(batch)? - truth;
+            let loss = match kind {
+                Loss::Mse => err.powi_scalar(2).mean(),
+                Loss::Mae => err.abs().mean(),
+                Loss::MseMae => err.clone().powi_scalar(2).mean() + err.abs().mean(),
+            };
+            Some(if weight == 1.0 { loss } else { loss.mul_scalar(weight) })
+        }
+        None => None,
     };
-    let loss = if weight == 1.0 { loss } else { loss.mul_scalar(weight) };
-    let device = loss.device();
     // Every worker sees the same global value, so all of them stop here together when it is
     // not finite.
-    let value = peer.sum_values::<B::InnerBackend>(&[loss_value(&loss)], &device)?[0];
+    let value = peer.sum_values::<B::InnerBackend>(&[loss.as_ref().map_or(0.0, loss_value)], device)?[0];
     if !value.is_finite() {
         return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
     }
-    let grads = peer.sum_grads(&model, GradientsParams::from_grads(loss.backward(), &model))?;
+    // An empty share adds nothing: the sum takes zeros for every parameter it has no gradient of.
+    let own = loss.map_or_else(GradientsParams::new, |loss| GradientsParams::from_grads(loss.backward(), &model));
+    let grads = peer.sum_grads(&model, own)?;
     let (next, report) = optim.step(lr, model, grads).map_err(|e| match e {
         OptimError::NonFinite { path, step } => TrainError::NonFinite { step, what: format!("gradient of {path}") },
         other => other.into(),
@@ -454,7 +466,19 @@ pub fn train<B: AutodiffBackend>(
     device: &B::Device,
     report: impl FnMut(Progress),
 ) -> Result<TrainSummary, TrainError> {
+    tc.validate()?;
+    prepare_dir(dir)?;
     train_as::<B>(Peer::alone(), config, tc, data, dir, resume, device, report)
+}
+
+/// Makes the run directory and clears what a killed save left: once, before any worker starts,
+/// so that no worker can fail on it while the others wait for it.
+fn prepare_dir(dir: &RunDir) -> Result<(), TrainError> {
+    std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
+    // A kill during a save leaves its temporary file behind; the rename that would have used it
+    // never happened, so it holds nothing a run needs.
+    mamba2_model::remove_temporaries(&dir.0);
+    Ok(())
 }
 
 /// [`train`] with `workers` data-parallel workers in this process, one thread each (see
@@ -482,12 +506,14 @@ where
     if workers <= 1 {
         return train::<B>(config, tc, data, dir, resume, device, report);
     }
+    tc.validate()?;
     if config.spec.dropout > 0.0 {
         return Err(TrainError::Config { why: format!("--workers {workers} needs dropout 0 (it is {})", config.spec.dropout) });
     }
     if workers > tc.batch_size {
         return Err(TrainError::Config { why: format!("--workers {workers} is more than the batch size {}", tc.batch_size) });
     }
+    prepare_dir(dir)?;
     std::thread::scope(|scope| {
         let others: Vec<_> = (1..workers)
             .map(|rank| scope.spawn(move || train_as::<B>(Peer { rank, world: workers }, config, tc, data, dir, resume, device, |_| {})))
@@ -522,7 +548,8 @@ fn init_model<B: AutodiffBackend>(config: &ForecasterConfig, seed: u64, device: 
     Ok(config.init::<B>(device)?)
 }
 
-/// [`train`] as worker `peer` of a data-parallel run.
+/// [`train`] as worker `peer` of a data-parallel run, in a directory made ready and with
+/// settings checked by the caller.
 #[allow(clippy::too_many_arguments)]
 fn train_as<B: AutodiffBackend>(
     peer: Peer,
@@ -534,13 +561,6 @@ fn train_as<B: AutodiffBackend>(
     device: &B::Device,
     mut report: impl FnMut(Progress),
 ) -> Result<TrainSummary, TrainError> {
-    tc.validate()?;
-    if peer.leads() {
-        std::fs::create_dir_all(&dir.0).map_err(|source| TrainError::Io { path: dir.0.display().to_string(), cause: source })?;
-        // A kill during a save leaves its temporary file behind; the rename that would have used
-        // it never happened, so it holds nothing a run needs.
-        mamba2_model::remove_temporaries(&dir.0);
-    }
     let (l, h) = (config.spec.lookback, config.spec.horizon);
     let train_w = Windows::new(&data.rows, data.ranges[0], l, h, 1)?;
     let val_w = Windows::new(&data.rows, data.ranges[1], l, h, 1)?;
@@ -642,13 +662,13 @@ fn epochs<B: AutodiffBackend>(
         let (mut loss_sum, mut norm_sum, mut lr, mut steps) = (0.0, 0.0, 0.0, 0usize);
         for idx in order.chunks(tc.batch_size) {
             let shard = peer.shard(idx);
-            let batch = train_batch(&model, data, train_w, shard, (tc.loss_from, tc.loss_every), device);
+            let batch = (!shard.is_empty()).then(|| train_batch(&model, data, train_w, shard, (tc.loss_from, tc.loss_every), device));
             lr = schedule.lr_at(optim.steps());
             // Dropout draws from the backend's generator: seeded per step, so that a resumed run
             // draws what an uninterrupted one would.
             B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
             let weight = shard.len() as f64 / idx.len() as f64;
-            let (next, value, step_report) = train_share(model, &mut optim, &batch, lr, tc.loss, weight, &peer)?;
+            let (next, value, step_report) = train_share(model, &mut optim, batch.as_ref(), lr, tc.loss, weight, &peer, device)?;
             model = next;
             if let Some(e) = ema.as_mut() {
                 e.update(&model.valid());

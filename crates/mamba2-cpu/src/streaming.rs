@@ -4,7 +4,7 @@
 //! Burn stack into a [`Streaming`], and its tests check the two against each other).
 
 use crate::avx512;
-use crate::conv::step_size;
+use crate::conv::{step_size, transpose_conv};
 use crate::float::{multiversion, sigmoid, HostFloat};
 use crate::helper::Helper;
 use crate::layout::Dims;
@@ -102,16 +102,10 @@ impl<T: HostFloat> LayerWeights<T> {
     pub fn new(dims: &Dims, p: BlockParams<T>) -> Self {
         let (cd, k) = (dims.conv_dim(), dims.d_conv);
         assert_eq!(p.conv_w.len(), cd * k, "a [{cd}, {k}] convolution weight");
-        let mut conv_wt = vec![T::zero(); k * cd];
-        for ch in 0..cd {
-            for j in 0..k {
-                conv_wt[j * cd + ch] = p.conv_w[ch * k + j];
-            }
-        }
         Self {
             norm: p.norm,
             in_proj: p.in_proj,
-            conv_wt,
+            conv_wt: transpose_conv(dims, &p.conv_w),
             conv_b: p.conv_b,
             dt_bias: p.dt_bias,
             a: p.a_log.iter().map(|v| -v.exp()).collect(),

@@ -49,20 +49,35 @@ pub fn with_generic_path<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The concrete CPU backends the host kernels serve: the one list both [`runs_on_host`] and
+/// [`run`] read, so that a backend cannot be routed by one and missed by the other.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    AutodiffFlex,
+    AutodiffNdArrayF64,
+    AutodiffNdArrayF32,
+    Flex,
+    NdArrayF64,
+    NdArrayF32,
+}
+
+fn route<B: Backend>() -> Option<Route> {
+    let routes = [
+        (TypeId::of::<Autodiff<Flex>>(), Route::AutodiffFlex),
+        (TypeId::of::<Autodiff<NdArray<f64>>>(), Route::AutodiffNdArrayF64),
+        (TypeId::of::<Autodiff<NdArray<f32>>>(), Route::AutodiffNdArrayF32),
+        (TypeId::of::<Flex>(), Route::Flex),
+        (TypeId::of::<NdArray<f64>>(), Route::NdArrayF64),
+        (TypeId::of::<NdArray<f32>>(), Route::NdArrayF32),
+    ];
+    let b = TypeId::of::<B>();
+    routes.into_iter().find(|(t, _)| *t == b).map(|(_, r)| r)
+}
+
 /// Whether layers on backend `B` run on the host kernels here: a CPU backend, outside
 /// [`with_generic_path`].
 pub(crate) fn runs_on_host<B: Backend>() -> bool {
-    let b = TypeId::of::<B>();
-    !GENERIC_ONLY.with(Cell::get)
-        && [
-            TypeId::of::<Autodiff<Flex>>(),
-            TypeId::of::<Autodiff<NdArray<f64>>>(),
-            TypeId::of::<Autodiff<NdArray<f32>>>(),
-            TypeId::of::<Flex>(),
-            TypeId::of::<NdArray<f64>>(),
-            TypeId::of::<NdArray<f32>>(),
-        ]
-        .contains(&b)
+    !GENERIC_ONLY.with(Cell::get) && route::<B>().is_some()
 }
 
 /// The kernel's view of a config, for `batch` rows of `len` steps.
@@ -206,28 +221,19 @@ fn parents_of<B: Backend>(
 
 /// The layer on the host kernels, on the concrete backend `B` is.
 fn run<B: Backend>(call: LayerCall<B>) -> (Tensor<B, 3>, MixerState<B>) {
-    let boxed: Box<dyn Any> = Box::new(call);
-    macro_rules! route {
-        ($boxed:ident, $backend:ty, $run:expr) => {
-            let $boxed = match $boxed.downcast::<LayerCall<$backend>>() {
-                Ok(call) => {
-                    let out: LayerOut<$backend> = $run(*call);
-                    let out: Box<dyn Any> = Box::new(out);
-                    let out = *out.downcast::<LayerOut<B>>().expect("same type as the call");
-                    return (out.y, MixerState { conv: out.conv, ssm: out.ssm });
-                }
-                Err(other) => other,
-            };
-        };
+    /// `x` as the type it is: `B` and the route's backend are one type.
+    fn same<X: 'static, Y: 'static>(x: X) -> Y {
+        *(Box::new(x) as Box<dyn Any>).downcast::<Y>().expect("the route names B's own type")
     }
-    route!(boxed, Autodiff<Flex>, tracked::<Flex, NoCheckpointing, f32>);
-    route!(boxed, Autodiff<NdArray<f64>>, tracked::<NdArray<f64>, NoCheckpointing, f64>);
-    route!(boxed, Autodiff<NdArray<f32>>, tracked::<NdArray<f32>, NoCheckpointing, f32>);
-    route!(boxed, Flex, plain::<Flex, f32>);
-    route!(boxed, NdArray<f64>, plain::<NdArray<f64>, f64>);
-    route!(boxed, NdArray<f32>, plain::<NdArray<f32>, f32>);
-    drop(boxed);
-    unreachable!("bridge::run is only called where runs_on_host holds")
+    let out: LayerOut<B> = match route::<B>().expect("bridge::run is only called where runs_on_host holds") {
+        Route::AutodiffFlex => same(tracked::<Flex, NoCheckpointing, f32>(same(call))),
+        Route::AutodiffNdArrayF64 => same(tracked::<NdArray<f64>, NoCheckpointing, f64>(same(call))),
+        Route::AutodiffNdArrayF32 => same(tracked::<NdArray<f32>, NoCheckpointing, f32>(same(call))),
+        Route::Flex => same(plain::<Flex, f32>(same(call))),
+        Route::NdArrayF64 => same(plain::<NdArray<f64>, f64>(same(call))),
+        Route::NdArrayF32 => same(plain::<NdArray<f32>, f32>(same(call))),
+    };
+    (out.y, MixerState { conv: out.conv, ssm: out.ssm })
 }
 
 /// What the layer gives back: its output and the state after the last step.

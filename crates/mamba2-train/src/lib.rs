@@ -57,11 +57,11 @@ mod trainer;
 pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
 pub use load::{open_forecaster, Opened};
 pub use memory::keep_freed_memory;
-pub use parallel::Peer;
+pub use parallel::{Cluster, Peer, Workers, DEFAULT_PEER_TIMEOUT, EXCHANGE_THREAD};
 pub use stream::ForecastStream;
 pub use trainer::{
-    evaluate, evaluate_continuous, evaluate_table, train, train_step, train_workers, EpochRecord, Loss, Prepared, Progress, RunDir,
-    TrainConfig, TrainSummary,
+    evaluate, evaluate_continuous, evaluate_table, train, train_parallel, train_step, train_workers, EpochRecord, Loss, Prepared, Progress,
+    RunDir, TrainConfig, TrainSummary,
 };
 
 /// Everything that can stop a run, with the offending value in the message.

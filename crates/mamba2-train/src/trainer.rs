@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{ErrorSums, ErrorTable, Scaler, Windows};
 use crate::ema::Ema;
 use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
-use crate::parallel::Peer;
+use crate::parallel::{Peer, Workers};
 use crate::TrainError;
 
 /// Optimisation settings.
@@ -383,7 +383,7 @@ fn train_share<B: AutodiffBackend>(
     };
     // Every worker sees the same global value, so all of them stop here together when it is
     // not finite.
-    let value = peer.sum_values::<B::InnerBackend>(&[loss.as_ref().map_or(0.0, loss_value)], device)?[0];
+    let value = peer.sum_values::<B::InnerBackend>("summing the step's loss", &[loss.as_ref().map_or(0.0, loss_value)], device)?[0];
     if !value.is_finite() {
         return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
     }
@@ -486,9 +486,7 @@ fn prepare_dir(dir: &RunDir) -> Result<(), TrainError> {
 /// validates, reports and writes `dir`; an error on any worker stops them all.
 ///
 /// # Errors
-/// As [`train`]; [`TrainError::Config`] for a model with dropout (its masks would be drawn by
-/// all workers from one process-wide generator, in no fixed order), and
-/// [`TrainError::Collective`] when the workers cannot exchange.
+/// As [`train_parallel`].
 #[allow(clippy::too_many_arguments)]
 pub fn train_workers<B: AutodiffBackend>(
     config: &ForecasterConfig,
@@ -503,38 +501,76 @@ pub fn train_workers<B: AutodiffBackend>(
 where
     B::Device: Sync,
 {
-    if workers <= 1 {
+    train_parallel::<B>(config, tc, data, dir, resume, device, &Workers::threads(workers), report)
+}
+
+/// [`train`] as this process's part of a data-parallel run: `workers.threads` workers here, and
+/// as many in each of the other processes of `workers.cluster`, all started with the same
+/// settings. Process 0 validates, reports and writes `dir`; the others only read it, to resume
+/// (on several machines, give them a shared or copied run directory). The first worker of each
+/// process calls `report`.
+///
+/// # Errors
+/// As [`train`]; [`TrainError::Config`] for a model with dropout (its masks would be drawn by
+/// the workers of a process from one process-wide generator, in no fixed order), for more
+/// workers than windows per batch, and for processes that would resume from different steps;
+/// [`TrainError::Collective`] when the workers cannot exchange, or one of them stops, within
+/// `workers.timeout`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_parallel<B: AutodiffBackend>(
+    config: &ForecasterConfig,
+    tc: &TrainConfig,
+    data: &Prepared,
+    dir: &RunDir,
+    resume: bool,
+    device: &B::Device,
+    workers: &Workers,
+    report: impl FnMut(Progress),
+) -> Result<TrainSummary, TrainError>
+where
+    B::Device: Sync,
+{
+    let world = workers.world();
+    if world <= 1 {
         return train::<B>(config, tc, data, dir, resume, device, report);
     }
     tc.validate()?;
     if config.spec.dropout > 0.0 {
-        return Err(TrainError::Config { why: format!("--workers {workers} needs dropout 0 (it is {})", config.spec.dropout) });
+        return Err(TrainError::Config { why: format!("{world} data-parallel workers need dropout 0 (it is {})", config.spec.dropout) });
     }
-    if workers > tc.batch_size {
-        return Err(TrainError::Config { why: format!("--workers {workers} is more than the batch size {}", tc.batch_size) });
+    if world > tc.batch_size {
+        return Err(TrainError::Config { why: format!("{world} data-parallel workers are more than the batch size {}", tc.batch_size) });
     }
-    prepare_dir(dir)?;
+    let mut peers = workers.peers().into_iter();
+    let lead_peer = peers.next().expect("at least one thread");
+    let rank = lead_peer.rank;
+    if lead_peer.leads() {
+        prepare_dir(dir)?;
+    }
     std::thread::scope(|scope| {
-        let others: Vec<_> = (1..workers)
-            .map(|rank| scope.spawn(move || train_as::<B>(Peer { rank, world: workers }, config, tc, data, dir, resume, device, |_| {})))
-            .collect();
-        let lead = train_as::<B>(Peer { rank: 0, world: workers }, config, tc, data, dir, resume, device, report);
-        let mut first_error = lead.as_ref().err().map(|e| e.to_string());
-        for (rank, worker) in others.into_iter().enumerate() {
+        let others: Vec<_> =
+            peers.map(|peer| scope.spawn(move || train_as::<B>(peer, config, tc, data, dir, resume, device, |_| {}))).collect();
+        let lead = train_as::<B>(lead_peer, config, tc, data, dir, resume, device, report);
+        // A worker that panicked is the cause of whatever the others report (they time out
+        // waiting for it), so it is named first.
+        let mut panicked = None;
+        let mut first_error = None;
+        for (thread, worker) in others.into_iter().enumerate() {
             match worker.join() {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    first_error.get_or_insert_with(|| e.to_string());
+                    first_error.get_or_insert(e);
                 }
                 Err(_) => {
-                    first_error.get_or_insert_with(|| format!("worker {} panicked", rank + 1));
+                    panicked.get_or_insert(thread + 1);
                 }
             }
         }
-        match (lead, first_error) {
-            (Ok(summary), None) => Ok(summary),
-            (Err(e), _) => Err(e),
-            (Ok(_), Some(why)) => Err(TrainError::Collective { rank: 0, why }),
+        match (lead, panicked, first_error) {
+            (_, Some(thread), _) => Err(TrainError::Collective { rank, why: format!("worker {} of this process panicked", rank + thread) }),
+            (Err(e), None, _) => Err(e),
+            (Ok(_), None, Some(e)) => Err(e),
+            (Ok(summary), None, None) => Ok(summary),
         }
     })
 }
@@ -620,11 +656,37 @@ fn train_as<B: AutodiffBackend>(
     };
 
     peer.join::<B::InnerBackend>(device)?;
-    let result = epochs(peer, config, tc, data, dir, device, &train_w, &val_w, &schedule, (model, optim, meta, ema), &mut report);
-    let left = peer.leave::<B::InnerBackend>();
+    let result = same_start::<B>(&peer, optim.steps(), device).and_then(|()| {
+        epochs(peer.clone(), config, tc, data, dir, device, &train_w, &val_w, &schedule, (model, optim, meta, ema), &mut report)
+    });
+    // After a failed exchange the collective may still be waiting for the lost worker: leaving it
+    // would wait too.
+    let left = match &result {
+        Err(TrainError::Collective { .. }) => Ok(()),
+        _ => peer.leave::<B::InnerBackend>(),
+    };
     let summary = result?;
     left?;
     Ok(summary)
+}
+
+/// Fails unless every worker starts from the same optimizer step: processes that resume need
+/// the same run directory.
+fn same_start<B: AutodiffBackend>(peer: &Peer, steps: usize, device: &B::Device) -> Result<(), TrainError> {
+    let s = steps as f64;
+    let sums = peer.sum_values::<B::InnerBackend>("comparing the starting step", &[s, s * s], device)?;
+    // Equal counts exactly when the sum of squares is the square of the sum over the count.
+    if (sums[1] * peer.world as f64 - sums[0] * sums[0]).abs() > 0.5 {
+        return Err(TrainError::Config {
+            why: format!(
+                "worker {} starts at optimizer step {steps}, others do not (mean {:.1}): every process of a resumed run needs \
+                 the run directory of process 0 (shared, or copied)",
+                peer.rank,
+                sums[0] / peer.world as f64
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The epochs of [`train_as`], from the given model, optimizer and run state on.
@@ -685,7 +747,11 @@ fn epochs<B: AutodiffBackend>(
         let valid = ema.as_ref().map_or_else(|| model.valid(), |e| e.model.clone());
         let validated = if peer.leads() { evaluate(&valid, val_w, &data.clock, tc.batch_size, false, device).map(Some) } else { Ok(None) };
         let (val_mse, val_mae) = validated.as_ref().ok().copied().flatten().unwrap_or((0.0, 0.0));
-        let shared = peer.sum_values::<B::InnerBackend>(&[val_mse, val_mae, f64::from(u8::from(validated.is_err()))], device)?;
+        let shared = peer.sum_values::<B::InnerBackend>(
+            "sharing the validation figures",
+            &[val_mse, val_mae, f64::from(u8::from(validated.is_err()))],
+            device,
+        )?;
         stop_together(&peer, validated, shared[2])?;
         let (val_mse, val_mae) = (shared[0], shared[1]);
         let record = EpochRecord {
@@ -706,7 +772,11 @@ fn epochs<B: AutodiffBackend>(
             meta.best_epoch = epoch;
         }
         let written = if peer.leads() { save_epoch(config, dir, epoch, best, &valid, &model, &optim, &ema, &mut meta) } else { Ok(()) };
-        let failed = peer.sum_values::<B::InnerBackend>(&[f64::from(u8::from(written.is_err()))], device)?;
+        let failed = peer.sum_values::<B::InnerBackend>(
+            "sharing whether the checkpoint was written",
+            &[f64::from(u8::from(written.is_err()))],
+            device,
+        )?;
         stop_together(&peer, written, failed[0])?;
     }
     Ok(TrainSummary { history: meta.history, best_epoch: meta.best_epoch, stopped_early })

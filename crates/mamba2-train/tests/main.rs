@@ -4,6 +4,7 @@
 //! name: `cargo test -p mamba2-train --test integration cli::`.
 
 mod cli;
+mod cluster;
 mod forecast;
 mod fuzz;
 mod parallel;

@@ -10,7 +10,7 @@ use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{ColumnChoice, Scaler, Split, Table};
 use mamba2_train::{train_workers, Forecaster, ForecasterConfig, Prepared, RunDir, TrainConfig, TrainSummary};
 
-struct Values(Vec<Vec<f64>>);
+pub(crate) struct Values(pub(crate) Vec<Vec<f64>>);
 
 impl<B: Backend> ModuleVisitor<B> for Values {
     fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
@@ -55,7 +55,7 @@ where
 }
 
 /// The largest `||a - b|| / ||b||` over the parameters.
-fn worst(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+pub(crate) fn worst(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)

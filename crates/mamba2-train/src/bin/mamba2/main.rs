@@ -19,8 +19,8 @@ use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_train::plot::{draw, Chart, Line};
 use mamba2_train::{
-    evaluate, evaluate_table, train_workers, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir,
-    TrainConfig,
+    evaluate, evaluate_table, train_parallel, Cluster, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir,
+    TrainConfig, Workers,
 };
 use report::Reporter;
 
@@ -183,6 +183,24 @@ struct TrainArgs {
     /// between them and their gradients summed, which gives the one-worker run to rounding.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     workers: u32,
+    /// Processes of a run over several processes or machines, each started with the same
+    /// settings and its own --rank; their workers together split every batch (docs/parallel.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    world_size: u32,
+    /// This process of --world-size, from 0; process 0 runs the coordinator, reports and writes
+    /// the run.
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    /// host:port where process 0 runs the coordinator (needed with --world-size).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// host:port at which the other processes reach this one [default: the coordinator's host,
+    /// its port + 1 + rank].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Seconds a worker waits for the others (to join, or in a step) before the run stops.
+    #[arg(long, default_value_t = mamba2_train::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
+    peer_timeout: f64,
     /// Evaluate and keep a moving average of the weights with this decay per step (0: off).
     #[arg(long)]
     ema: Option<f64>,
@@ -374,6 +392,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
         Windows::new(&data.rows, r, a.lookback, a.horizon, 1).with_context(|| format!("{name} split"))?;
     }
+    let workers = workers(&a)?;
+    if workers.cluster.is_some() && a.seeds.as_ref().is_some_and(|s| s.len() > 1) {
+        bail!("--seeds with --world-size: start one run over the processes per seed");
+    }
     let out_dir = a.out.clone().unwrap_or_else(|| {
         let stem = a.data.data.as_ref().and_then(|p| p.file_stem()).map_or("etth1".into(), |s| s.to_string_lossy().to_string());
         PathBuf::from("runs").join(stem)
@@ -396,7 +418,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             println!("== seed {seed} ({})", out.display());
         }
         let tc = TrainConfig { seed, ..tc.clone() };
-        results.push(train_one(&a, &config, &tc, &data, out, &info)?);
+        results.push(train_one(&a, &config, &tc, &data, out, &info, &workers)?);
     }
     if seeds.len() > 1 && !a.no_test {
         let stats = |f: fn(&(f64, f64)) -> f64| {
@@ -418,8 +440,24 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// The data-parallel workers the flags ask for.
+fn workers(a: &TrainArgs) -> Result<Workers> {
+    if !(a.peer_timeout.is_finite() && a.peer_timeout > 0.0) {
+        bail!("--peer-timeout {} is not a positive number of seconds", a.peer_timeout);
+    }
+    let cluster = match (a.world_size, &a.coordinator) {
+        (1, None) if a.rank > 0 => bail!("--rank {} needs --world-size above it", a.rank),
+        (1, None) if a.listen.is_some() => bail!("--listen needs --world-size above 1"),
+        (1, None) => None,
+        (1, Some(c)) => bail!("--coordinator {c} needs --world-size above 1"),
+        (w, None) => bail!("--world-size {w} needs --coordinator HOST:PORT (where process 0 runs the coordinator)"),
+        (w, Some(c)) => Some(Cluster::new(w as usize, a.rank as usize, c, a.listen.as_deref())?),
+    };
+    Ok(Workers { threads: a.workers as usize, cluster, timeout: std::time::Duration::from_secs_f64(a.peer_timeout) })
+}
+
 /// One training run into `out`, then its test metrics (printed, and returned as (MSE, MAE);
-/// NaN with `--no-test`).
+/// NaN with `--no-test` and on every process but 0 of a run over several).
 fn train_one(
     a: &TrainArgs,
     config: &ForecasterConfig,
@@ -427,6 +465,7 @@ fn train_one(
     data: &Prepared,
     out: &Path,
     info: &RunInfo,
+    workers: &Workers,
 ) -> Result<(f64, f64)> {
     let dir = RunDir(out.to_path_buf());
     let started = std::time::Instant::now();
@@ -434,7 +473,17 @@ fn train_one(
     let mut reporter = Reporter::new(a.json, tc.epochs, config.spec.lookback * config.spec.targets.len());
     with_backend!(a.backend, B, {
         let device = Default::default();
-        let summary = train_workers::<B>(config, tc, data, &dir, a.resume, &device, a.workers as usize, |p| reporter.show(p))?;
+        let summary = train_parallel::<B>(config, tc, data, &dir, a.resume, &device, workers, |p| reporter.show(p))?;
+        if let Some(c) = workers.cluster.as_ref().filter(|c| c.process > 0) {
+            println!(
+                "process {} of {}: trained {} epochs with the others; process 0 evaluates and writes {}",
+                c.process,
+                c.processes,
+                summary.history.len(),
+                out.display()
+            );
+            return Ok((f64::NAN, f64::NAN));
+        }
         let loaded =
             load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
                 c.init(d)
@@ -613,9 +662,16 @@ impl RunInfo {
             ),
             (
                 "backend".into(),
-                match a.workers {
-                    1 => format!("{backend}, {threads} threads"),
-                    w => format!("{backend}, {threads} threads, {w} data-parallel workers (up to {} windows each per step)", tc.batch_size.div_ceil(w as usize)),
+                match (a.workers, a.world_size) {
+                    (1, 1) => format!("{backend}, {threads} threads"),
+                    (w, 1) => format!("{backend}, {threads} threads, {w} data-parallel workers (up to {} windows each per step)", tc.batch_size.div_ceil(w as usize)),
+                    (w, p) => format!(
+                        "{backend}, {threads} threads, process {} of {p} (coordinator {}), {} data-parallel workers in all (up to {} windows each per step)",
+                        a.rank,
+                        a.coordinator.as_deref().unwrap_or("?"),
+                        w * p,
+                        tc.batch_size.div_ceil((w * p) as usize)
+                    ),
                 },
             ),
             ("out".into(), out.display().to_string()),
@@ -866,6 +922,19 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     Ok(())
 }
 
+/// burn-collective answers a lost worker by panicking on its own threads (and the exchange
+/// thread that waits on them); the run then stops with one line naming what was lost, so those
+/// panics stay silent. Every other panic is reported as usual.
+fn quiet_exchange_panics() {
+    let usual = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        if !(name.starts_with(mamba2_train::EXCHANGE_THREAD) || name.starts_with("tokio-r")) {
+            usual(info);
+        }
+    }));
+}
+
 fn main() {
     // Usage mistakes are reported on one line like every other error (help and version print
     // as usual).
@@ -879,6 +948,10 @@ fn main() {
         }
         Err(e) => e.exit(),
     };
+    quiet_exchange_panics();
+    // burn-collective's servers print every connection and transfer to standard output unless a
+    // logger is already in place: this one keeps them quiet (errors reach the user as one line).
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
     // Training allocates the same large buffers every step: keep them mapped (a no-op off glibc).
     mamba2_train::keep_freed_memory();
     let result = match cli.command {

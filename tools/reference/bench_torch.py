@@ -15,7 +15,16 @@ CONFIGS = {
     "small": dict(d_model=64, d_state=16, headdim=16, expand=2, n_layer=2, batch=8, seq=256),
     "medium": dict(d_model=256, d_state=64, headdim=32, expand=2, n_layer=4, batch=8, seq=512),
     "streaming": dict(d_model=256, d_state=64, headdim=64, expand=2, n_layer=1, batch=1, seq=1),
+    # The 130m checkpoint's width and depth, for a GPU (tools/gpu/check.sh).
+    "wide": dict(d_model=768, d_state=128, headdim=64, expand=2, n_layer=24, batch=8, seq=512),
 }
+
+DEVICE = "cpu"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def hf_model(c, chunk, dtype):
@@ -27,14 +36,16 @@ def hf_model(c, chunk, dtype):
         residual_in_fp32=False, rms_norm=True, tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    return Mamba2Model(cfg).to(dtype)
+    return Mamba2Model(cfg).to(dtype).to(DEVICE)
 
 
 def timeit(fn, min_time, min_iters=3):
     fn()  # warm-up
+    sync()
     n, t0 = 0, time.perf_counter()
     while True:
         fn()
+        sync()
         n += 1
         el = time.perf_counter() - t0
         if n >= min_iters and el >= min_time:
@@ -50,17 +61,22 @@ def main():
     ap.add_argument("--lengths", default="", help="forward-only sweep over L (medium width, batch 1)")
     ap.add_argument("--min-time", type=float, default=3.0)
     ap.add_argument("--train-only", action="store_true", help="time the train step only (the paired rounds)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: HF's CUDA path (with mamba_ssm's kernels where they are installed)")
     a = ap.parse_args()
-    try:
-        import mamba_ssm  # noqa: F401
-        sys.exit("mamba_ssm is installed: HF would not take its torch path")
-    except ImportError:
-        pass
+    global DEVICE
+    DEVICE = a.device
+    if a.device == "cpu":
+        try:
+            import mamba_ssm  # noqa: F401
+            sys.exit("mamba_ssm is installed: HF would not take its torch path")
+        except ImportError:
+            pass
     torch.set_num_threads(a.threads)
     dtypes = {"f32": torch.float32, "f64": torch.float64}
 
     def emit(**kw):
-        print(json.dumps(dict(side="torch", threads=a.threads, **kw)), flush=True)
+        print(json.dumps(dict(side="torch", device=a.device, threads=a.threads, **kw)), flush=True)
 
     if a.lengths:
         c = CONFIGS["medium"]
@@ -69,7 +85,7 @@ def main():
                 best = None
                 for chunk in [int(s) for s in a.chunks.split(",")]:
                     m = hf_model(c, chunk, dtypes[dn]).eval()
-                    x = torch.randn(1, L, c["d_model"], dtype=dtypes[dn])
+                    x = torch.randn(1, L, c["d_model"], dtype=dtypes[dn], device=DEVICE)
                     with torch.no_grad():
                         s = timeit(lambda: m(inputs_embeds=x), a.min_time, 2)
                     if best is None or s < best[0]:
@@ -84,11 +100,11 @@ def main():
             dt = dtypes[dn]
             if name == "streaming":
                 m = hf_model(c, 256, dt).eval()
-                x0 = torch.randn(1, 8, c["d_model"], dtype=dt)
+                x0 = torch.randn(1, 8, c["d_model"], dtype=dt, device=DEVICE)
                 with torch.no_grad():
                     out = m(inputs_embeds=x0, use_cache=True)
                     cache = getattr(out, "cache", None) or getattr(out, "cache_params")
-                    xt = torch.randn(1, 1, c["d_model"], dtype=dt)
+                    xt = torch.randn(1, 1, c["d_model"], dtype=dt, device=DEVICE)
 
                     def step():
                         # One row with a cache: HF's single-step recurrent path (seq_len == 1).
@@ -100,7 +116,7 @@ def main():
             best_f, best_t = None, None
             for chunk in [int(s) for s in a.chunks.split(",")]:
                 m = hf_model(c, chunk, dt)
-                x = torch.randn(c["batch"], c["seq"], c["d_model"], dtype=dt)
+                x = torch.randn(c["batch"], c["seq"], c["d_model"], dtype=dt, device=DEVICE)
                 opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.1)
 
                 def train():

@@ -74,10 +74,16 @@ fn route<B: Backend>() -> Option<Route> {
     routes.into_iter().find(|(t, _)| *t == b).map(|(_, r)| r)
 }
 
+/// Whether `B` is one of the CPU backends the host kernels serve: Flex, NdArray f32 or f64, with
+/// or without autodiff. Every other backend (CUDA, WebGPU) runs the generic tensor-op path.
+pub fn is_cpu_backend<B: Backend>() -> bool {
+    route::<B>().is_some()
+}
+
 /// Whether layers on backend `B` run on the host kernels here: a CPU backend, outside
 /// [`with_generic_path`].
 pub(crate) fn runs_on_host<B: Backend>() -> bool {
-    !GENERIC_ONLY.with(Cell::get) && route::<B>().is_some()
+    !GENERIC_ONLY.with(Cell::get) && is_cpu_backend::<B>()
 }
 
 /// The kernel's view of a config, for `batch` rows of `len` steps.

@@ -90,6 +90,22 @@ pub fn save_checkpoint<B: Backend, M: Module<B>, C: Serialize>(
     write_atomically(path, &bytes)
 }
 
+/// `onto` with the weights of `from`, a module of the same config on any backend: the two
+/// backends meet in the checkpoint's encoding (f64), so this moves a model between devices, for
+/// instance one drawn on the CPU onto a GPU.
+pub fn transfer_weights<A: Backend, B: Backend, M: Module<A>, N: Module<B>>(
+    from: &M,
+    onto: N,
+    device: &B::Device,
+) -> Result<N, ModelError> {
+    let recorder = NamedMpkBytesRecorder::<DoublePrecisionSettings>::default();
+    let bytes = Recorder::<A>::record(&recorder, from.clone().into_record(), ())
+        .map_err(|e| ModelError::Transfer { why: format!("cannot record weights: {e}") })?;
+    let record = Recorder::<B>::load(&recorder, bytes, device)
+        .map_err(|e| ModelError::Transfer { why: format!("the weights do not fit the other module: {e}") })?;
+    Ok(onto.load_record(record))
+}
+
 /// A loaded checkpoint: the module, its config and the metadata saved with it.
 #[derive(Debug)]
 pub struct Loaded<M, C> {

@@ -30,6 +30,12 @@ pub enum ModelError {
         /// The cause.
         cause: std::io::Error,
     },
+    /// Weights could not be moved between backends ([`crate::transfer_weights`]).
+    #[error("moving weights between backends: {why}")]
+    Transfer {
+        /// The recorder's message.
+        why: String,
+    },
     /// An HF `config.json` is not usable.
     #[error("HF config: {why}")]
     HfConfig {

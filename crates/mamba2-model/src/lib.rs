@@ -49,8 +49,10 @@ mod stream;
 mod timeseries;
 
 pub use block::Mamba2Block;
-pub use bridge::{with_generic_path, HostFloat};
-pub use checkpoint::{load_checkpoint, read_checkpoint_header, remove_temporaries, save_checkpoint, write_atomically, Loaded};
+pub use bridge::{is_cpu_backend, with_generic_path, HostFloat};
+pub use checkpoint::{
+    load_checkpoint, read_checkpoint_header, remove_temporaries, save_checkpoint, transfer_weights, write_atomically, Loaded,
+};
 pub use config::{ConfigError, HfExtras, Mamba2Config};
 pub use error::ModelError;
 pub use guard::catch_panic;

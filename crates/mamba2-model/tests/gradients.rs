@@ -69,6 +69,13 @@ fn every_parameter_gets_a_gradient_on_cuda() {
     lm_params_all_learn::<CudaF32Grad>(&Default::default());
 }
 
+#[cfg(feature = "wgpu")]
+#[test]
+fn every_parameter_gets_a_gradient_on_wgpu() {
+    time_series_params_all_learn::<WgpuF32Grad>(&Default::default());
+    lm_params_all_learn::<WgpuF32Grad>(&Default::default());
+}
+
 /// Adds `delta` to entry `index` of the parameter with id `target`.
 struct Nudge {
     target: burn::module::ParamId,

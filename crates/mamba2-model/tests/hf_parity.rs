@@ -86,6 +86,12 @@ fn hf_parity_on_cuda() {
     check_case::<CudaF32Grad>("hf_g2_bias", &Default::default());
 }
 
+#[cfg(feature = "wgpu")]
+#[test]
+fn hf_parity_on_wgpu() {
+    check_case::<WgpuF32Grad>("hf_g2_bias", &Default::default());
+}
+
 #[test]
 fn bad_checkpoints_name_the_tensor() {
     use mamba2_model::lm_from_hf_bytes;

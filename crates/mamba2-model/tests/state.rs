@@ -79,6 +79,12 @@ fn forward_split_and_step_agree_on_cuda() {
     split_and_step_agree::<CudaF32>(&Default::default(), 1e-4);
 }
 
+#[cfg(feature = "wgpu")]
+#[test]
+fn forward_split_and_step_agree_on_wgpu() {
+    split_and_step_agree::<WgpuF32>(&Default::default(), 1e-4);
+}
+
 #[test]
 fn rows_do_not_depend_on_their_batch() {
     let device = Default::default();

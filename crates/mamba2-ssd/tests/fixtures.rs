@@ -105,3 +105,9 @@ fn matches_the_ssd_minimal_reference_in_f64() {
 fn matches_the_ssd_minimal_reference_on_cuda() {
     check_against_fixture::<CudaF32Grad>(&Default::default(), 1e-4);
 }
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn matches_the_ssd_minimal_reference_on_wgpu() {
+    check_against_fixture::<WgpuF32Grad>(&Default::default(), 1e-4);
+}

@@ -88,6 +88,12 @@ fn chunked_gradients_match_sequential_on_cuda() {
     chunked_grads_match_sequential::<CudaF32Grad>(&Default::default(), 1e-4);
 }
 
+#[cfg(feature = "wgpu")]
+#[test]
+fn chunked_gradients_match_sequential_on_wgpu() {
+    chunked_grads_match_sequential::<WgpuF32Grad>(&Default::default(), 1e-4);
+}
+
 /// Central differences `(f(v + h) - f(v - h)) / 2h` on sampled entries of every input.
 #[test]
 fn chunked_gradients_match_finite_differences_in_f64() {

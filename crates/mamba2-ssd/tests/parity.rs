@@ -87,3 +87,13 @@ fn chunked_sequential_and_step_agree_on_cuda() {
     println!("worst relative difference on CUDA f32: {worst:e} ({case})");
     assert!(worst <= 1e-5, "relative difference {worst:e} > 1e-5 at {case}");
 }
+
+/// One chunk size only: every case's step-by-step run launches its own kernels, and on a software
+/// Vulkan device each launch costs milliseconds.
+#[cfg(feature = "wgpu")]
+#[test]
+fn chunked_sequential_and_step_agree_on_wgpu() {
+    let (worst, case) = worst_over_grid::<WgpuF32>(&Default::default(), &[4]);
+    println!("worst relative difference on Wgpu f32: {worst:e} ({case})");
+    assert!(worst <= 1e-5, "relative difference {worst:e} > 1e-5 at {case}");
+}

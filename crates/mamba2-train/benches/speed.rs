@@ -7,8 +7,9 @@
 //!
 //! `MAMBA2_SWEEP_OUT=file cargo bench -p mamba2-train --bench speed` runs only the length sweep,
 //! round-robin over the lengths ([`interleaved_sweep`]), and writes its figures to `file`.
-//! `MAMBA2_TRAIN_ROUND=small|medium [MAMBA2_MIN_TIME=3] cargo bench ...` runs only one round of
-//! train steps at that size and prints its time as JSON ([`train_round`]): what
+//! `MAMBA2_TRAIN_ROUND=small|medium|wide [MAMBA2_MIN_TIME=3] [MAMBA2_BENCH_DEVICE=cpu|cuda|wgpu]
+//! cargo bench ...` runs only one round of train steps at that size and prints its time as JSON
+//! ([`train_round`]; `wide` is the 130m checkpoint's width, for a GPU): what
 //! `bench_compare.py` alternates with HF's rounds. `MAMBA2_TRAIN_ROUND=streaming` runs one round
 //! of host streaming steps instead ([`stream_round`]), for before/after comparisons.
 //!
@@ -44,6 +45,12 @@ fn sizes() -> [Size; 2] {
             len: 512,
         },
     ]
+}
+
+/// The width and depth of the published 130m checkpoint, for GPU rounds only
+/// (`MAMBA2_TRAIN_ROUND=wide`): a CPU step at this size takes tens of seconds.
+fn wide() -> Size {
+    Size { name: "wide", config: Mamba2Config::new(768, 24).with_d_state(128).with_headdim(64).with_chunk_size(256), batch: 8, len: 512 }
 }
 
 fn streaming_config() -> Mamba2Config {
@@ -98,24 +105,32 @@ fn train_step<B: AutodiffBackend>(model: &Mamba2Stack<B>, x: Tensor<B, 3>) -> im
 }
 
 /// One round of the paired comparison (`bench_compare.py --rounds`): train steps of the size
-/// named `name` (Flex, f32) timed as `bench_torch.py` times HF's, one warm-up step and then the
-/// mean over at least `min_time` seconds and 3 steps; prints one JSON line.
-fn train_round(name: &str, min_time: f64) {
+/// named `name` (f32, on `device`: Flex, or CUDA and WebGPU in builds with their feature) timed
+/// as `bench_torch.py` times HF's, one warm-up step and then the mean over at least `min_time`
+/// seconds and 3 steps, each step waited for on the device; prints one JSON line.
+fn train_round<B: AutodiffBackend>(name: &str, device_name: &str, min_time: f64) {
     let device = Default::default();
-    let size = sizes().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no size named {name}"));
-    <Autodiff<Flex> as Backend>::seed(&device, 0);
-    let model = Mamba2Stack::<Autodiff<Flex>>::init(&size.config, &device).unwrap();
+    let size = sizes().into_iter().chain([wide()]).find(|s| s.name == name).unwrap_or_else(|| panic!("no size named {name}"));
+    B::seed(&device, 0);
+    let model = Mamba2Stack::<B>::init(&size.config, &device).unwrap();
     let x = Tensor::random([size.batch, size.len, size.config.d_model], Distribution::Normal(0.0, 1.0), &device);
     let mut run = train_step(&model, x);
-    run();
+    let mut step = || {
+        run();
+        B::sync(&device).expect("the device finishes the step");
+    };
+    step();
     let (mut n, start) = (0, std::time::Instant::now());
     while n < 3 || start.elapsed().as_secs_f64() < min_time {
-        run();
+        step();
         n += 1;
     }
     let s = start.elapsed().as_secs_f64() / n as f64;
     let tokens = (size.batch * size.len) as f64;
-    println!("{{\"side\": \"rust\", \"what\": \"train\", \"config\": \"{name}\", \"dtype\": \"f32\", \"s_per_iter\": {s}, \"tokens_per_s\": {}}}", tokens / s);
+    println!(
+        "{{\"side\": \"rust\", \"what\": \"train\", \"config\": \"{name}\", \"device\": \"{device_name}\", \"dtype\": \"f32\", \"s_per_iter\": {s}, \"tokens_per_s\": {}}}",
+        tokens / s
+    );
 }
 
 /// One round of streaming steps (`MAMBA2_TRAIN_ROUND=streaming`): the host streaming step at
@@ -243,9 +258,19 @@ fn main() {
     }
     if let Ok(name) = std::env::var("MAMBA2_TRAIN_ROUND") {
         let min_time = std::env::var("MAMBA2_MIN_TIME").ok().and_then(|v| v.parse().ok()).unwrap_or(3.0);
-        match name.as_str() {
-            "streaming" => stream_round(min_time),
-            _ => train_round(&name, min_time),
+        let device = std::env::var("MAMBA2_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
+        match (name.as_str(), device.as_str()) {
+            ("streaming", _) => stream_round(min_time),
+            (_, "cpu") => train_round::<Autodiff<Flex>>(&name, "cpu", min_time),
+            #[cfg(feature = "cuda")]
+            (_, "cuda") => train_round::<Autodiff<burn::backend::Cuda>>(&name, "cuda", min_time),
+            #[cfg(feature = "wgpu")]
+            (_, "wgpu") => train_round::<Autodiff<burn::backend::Wgpu>>(&name, "wgpu", min_time),
+            (_, other) => panic!(
+                "MAMBA2_BENCH_DEVICE={other}: this build has cpu{}{}",
+                if cfg!(feature = "cuda") { ", cuda" } else { "" },
+                if cfg!(feature = "wgpu") { ", wgpu" } else { "" }
+            ),
         }
         return;
     }

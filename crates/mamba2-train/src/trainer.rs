@@ -576,12 +576,20 @@ where
 }
 
 /// The model a run starts from: drawn from the backend's generator, which is one per process,
-/// so workers take turns (each draws the same values from the same seed).
+/// so workers take turns (each draws the same values from the same seed). Off the CPU the
+/// weights are drawn on Flex and copied, so that a seed names the same model on every device
+/// (and a run on a GPU can be checked against one on the CPU).
 fn init_model<B: AutodiffBackend>(config: &ForecasterConfig, seed: u64, device: &B::Device) -> Result<Forecaster<B>, TrainError> {
     static DRAWING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = DRAWING.lock().unwrap_or_else(|e| e.into_inner());
-    B::seed(device, seed);
-    Ok(config.init::<B>(device)?)
+    if mamba2_model::is_cpu_backend::<B>() {
+        B::seed(device, seed);
+        return Ok(config.init::<B>(device)?);
+    }
+    let host = Default::default();
+    burn::backend::Flex::seed(&host, seed);
+    let drawn = config.init::<burn::backend::Flex>(&host)?;
+    Ok(mamba2_model::transfer_weights(&drawn, config.init::<B>(device)?, device)?)
 }
 
 /// [`train`] as worker `peer` of a data-parallel run, in a directory made ready and with

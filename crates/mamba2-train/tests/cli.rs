@@ -325,6 +325,13 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
             vec!["train", "--data", g, "--device", "cuda", "--lookback", "12", "--horizon", "3", "--out", &out("cuda")],
             "",
         ),
+        // In a build with the feature this trains wherever Vulkan finds a device.
+        #[cfg(not(feature = "wgpu"))]
+        (
+            "wgpu in a CPU build",
+            vec!["train", "--data", g, "--device", "wgpu", "--lookback", "12", "--horizon", "3", "--out", &out("wgpu")],
+            "rebuild with --features wgpu",
+        ),
     ]
     .into_iter()
     .map(|(n, v, e)| (n, v.into_iter().map(String::from).collect::<Vec<_>>(), e))

@@ -5,6 +5,8 @@
 
 mod cli;
 mod cluster;
+#[cfg(feature = "wgpu")]
+mod devices;
 mod forecast;
 mod fuzz;
 mod parallel;

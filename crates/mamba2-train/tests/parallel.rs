@@ -33,7 +33,7 @@ fn setup() -> (ForecasterConfig, TrainConfig, Prepared) {
     (config, tc, Prepared { rows, scaler, ranges, targets: vec![0, 1], clock })
 }
 
-fn run<B: AutodiffBackend>(workers: usize, tag: &str) -> (TrainSummary, Vec<Vec<f64>>)
+pub(crate) fn run<B: AutodiffBackend>(workers: usize, tag: &str) -> (TrainSummary, Vec<Vec<f64>>)
 where
     B::Device: Sync,
 {

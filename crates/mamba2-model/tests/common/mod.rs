@@ -15,6 +15,11 @@ pub type FlexF32Grad = burn::backend::Autodiff<FlexF32>;
 pub type CudaF32 = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type CudaF32Grad = burn::backend::Autodiff<CudaF32>;
+/// CubeCL through WebGPU; on a machine without a GPU, Mesa's lavapipe (software Vulkan) runs it.
+#[cfg(feature = "wgpu")]
+pub type WgpuF32 = burn::backend::Wgpu;
+#[cfg(feature = "wgpu")]
+pub type WgpuF32Grad = burn::backend::Autodiff<WgpuF32>;
 
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)

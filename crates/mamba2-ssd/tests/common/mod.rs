@@ -13,6 +13,11 @@ pub type FlexF32Grad = burn::backend::Autodiff<FlexF32>;
 pub type CudaF32 = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type CudaF32Grad = burn::backend::Autodiff<CudaF32>;
+/// CubeCL through WebGPU; on a machine without a GPU, Mesa's lavapipe (software Vulkan) runs it.
+#[cfg(feature = "wgpu")]
+pub type WgpuF32 = burn::backend::Wgpu;
+#[cfg(feature = "wgpu")]
+pub type WgpuF32Grad = burn::backend::Autodiff<WgpuF32>;
 
 /// A tiny, fixed generator, so that fixtures in tests never depend on a backend's RNG.
 pub use mamba2_tensor::rng::SplitMix64 as Rng;

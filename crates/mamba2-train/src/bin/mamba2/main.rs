@@ -49,8 +49,13 @@ enum Command {
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum DeviceArg {
+    /// This machine's cores (Flex f32 or NdArray f64, with the host fast path).
     Cpu,
+    /// An NVIDIA GPU through CubeCL (a build with `--features cuda`).
     Cuda,
+    /// A GPU through WebGPU (Vulkan, Metal, DX12), or Mesa's lavapipe where there is none (a
+    /// build with `--features wgpu`).
+    Wgpu,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -284,8 +289,32 @@ macro_rules! with_backend {
             (DeviceArg::Cuda, DtypeArg::F64) => bail!("--device cuda supports --dtype f32 only"),
             #[cfg(not(feature = "cuda"))]
             (DeviceArg::Cuda, _) => bail!("this binary was built without CUDA; rebuild with --features cuda"),
+            #[cfg(feature = "wgpu")]
+            (DeviceArg::Wgpu, DtypeArg::F32) => {
+                wgpu_adapter()?;
+                type $B = Autodiff<burn::backend::Wgpu>;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            (DeviceArg::Wgpu, DtypeArg::F64) => bail!("--device wgpu supports --dtype f32 only"),
+            #[cfg(not(feature = "wgpu"))]
+            (DeviceArg::Wgpu, _) => bail!("this binary was built without WebGPU; rebuild with --features wgpu"),
         }
     }};
+}
+
+/// Fails with a message, instead of CubeCL's panic on first use, where WebGPU finds no adapter.
+#[cfg(feature = "wgpu")]
+fn wgpu_adapter() -> Result<()> {
+    use burn::tensor::Tensor;
+    mamba2_model::catch_panic(|| Tensor::<burn::backend::Wgpu, 1>::zeros([1], &Default::default()).into_data())
+        .map(drop)
+        .map_err(|e| {
+            let first = e.lines().next().unwrap_or_default();
+            anyhow::anyhow!(
+                "--device wgpu: WebGPU found no device ({first}); without a GPU, Mesa's lavapipe provides one (Debian: mesa-vulkan-drivers libvulkan1)"
+            )
+        })
 }
 
 /// Runs `$body` with `$I` bound to the inference backend the flags select and the checkpoint at
@@ -605,6 +634,7 @@ impl RunInfo {
             (DeviceArg::Cpu, DtypeArg::F32) => "CPU, Flex f32",
             (DeviceArg::Cpu, DtypeArg::F64) => "CPU, NdArray f64",
             (DeviceArg::Cuda, _) => "CUDA f32",
+            (DeviceArg::Wgpu, _) => "WebGPU f32",
         };
         let lines = vec![
             ("data".into(), format!("{source}: {} rows, {} columns ({}); {calendar}", table.rows.len(), s.features.len(), s.features.join(", "))),

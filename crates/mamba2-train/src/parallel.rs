@@ -233,8 +233,7 @@ impl Peer {
                 let others: Vec<(usize, SocketAddr)> =
                     addresses.iter().enumerate().filter(|&(p, _)| p != cluster.process).filter_map(|(p, a)| a.map(|a| (p, a))).collect();
                 let name = |(p, a): &(usize, SocketAddr)| format!("--rank {p} ({a})");
-                let gone: Vec<String> =
-                    others.iter().filter(|(_, a)| TcpStream::connect_timeout(a, Duration::from_secs(2)).is_err()).map(name).collect();
+                let gone: Vec<String> = others.iter().filter(|(_, a)| !answers(a)).map(name).collect();
                 if addresses.is_empty() {
                     format!("not every one of the {} processes joined", cluster.processes)
                 } else if gone.is_empty() {
@@ -410,6 +409,22 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B> {
     }
 }
 
+/// Whether a process still accepts connections at `address`, asked a few times over a second:
+/// a peer that was killed breaks its links before the kernel has closed its listening socket,
+/// so one answer right after the break can still come from a dying process.
+fn answers(address: &SocketAddr) -> bool {
+    (0..PROBES).all(|k| {
+        if k > 0 {
+            std::thread::sleep(PROBE_GAP);
+        }
+        TcpStream::connect_timeout(address, Duration::from_secs(2)).is_ok()
+    })
+}
+
+/// How often, and how far apart, [`answers`] asks.
+const PROBES: u32 = 10;
+const PROBE_GAP: Duration = Duration::from_millis(100);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,3 +454,4 @@ mod tests {
         assert_eq!(Cluster::new(2, 1, "10.1.2.3:29400", Some("10.1.2.4:5000")).unwrap().listen, "10.1.2.4:5000".parse().unwrap());
     }
 }
+

@@ -454,4 +454,3 @@ mod tests {
         assert_eq!(Cluster::new(2, 1, "10.1.2.3:29400", Some("10.1.2.4:5000")).unwrap().listen, "10.1.2.4:5000".parse().unwrap());
     }
 }
-

@@ -226,12 +226,12 @@ fn resume_is_bit_exact_f32() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn every_parameter_gets_a_gradient_and_moves_on_wgpu() {
-    every_parameter_gets_a_gradient_and_moves::<Autodiff<burn::backend::Wgpu>>();
+    every_parameter_gets_a_gradient_and_moves::<Autodiff<burn_wgpu::Wgpu>>();
 }
 
 /// Fewer steps than on the host: each costs about a second on a software Vulkan device.
 #[cfg(feature = "wgpu")]
 #[test]
 fn loss_falls_by_half_in_40_steps_on_wgpu() {
-    loss_falls_within::<Autodiff<burn::backend::Wgpu>>("Wgpu f32", 40, 0.5);
+    loss_falls_within::<Autodiff<burn_wgpu::Wgpu>>("Wgpu f32", 40, 0.5);
 }

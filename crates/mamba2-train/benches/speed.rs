@@ -265,7 +265,7 @@ fn main() {
             #[cfg(feature = "cuda")]
             (_, "cuda") => train_round::<Autodiff<burn::backend::Cuda>>(&name, "cuda", min_time),
             #[cfg(feature = "wgpu")]
-            (_, "wgpu") => train_round::<Autodiff<burn::backend::Wgpu>>(&name, "wgpu", min_time),
+            (_, "wgpu") => train_round::<Autodiff<burn_wgpu::Wgpu>>(&name, "wgpu", min_time),
             (_, other) => panic!(
                 "MAMBA2_BENCH_DEVICE={other}: this build has cpu{}{}",
                 if cfg!(feature = "cuda") { ", cuda" } else { "" },

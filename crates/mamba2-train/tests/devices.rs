@@ -3,7 +3,8 @@
 //! parameters and the same figures per epoch, to f32 rounding. Where no GPU is present, Mesa's
 //! lavapipe runs WebGPU on the CPU; the path is CubeCL's generic tensor ops, the one CUDA runs.
 
-use burn::backend::{Autodiff, Flex, Wgpu};
+use burn::backend::{Autodiff, Flex};
+use burn_wgpu::Wgpu;
 
 use crate::parallel::{run, worst};
 

@@ -17,7 +17,7 @@ pub type CudaF32 = burn::backend::Cuda;
 pub type CudaF32Grad = burn::backend::Autodiff<CudaF32>;
 /// CubeCL through WebGPU; on a machine without a GPU, Mesa's lavapipe (software Vulkan) runs it.
 #[cfg(feature = "wgpu")]
-pub type WgpuF32 = burn::backend::Wgpu;
+pub type WgpuF32 = burn_wgpu::Wgpu;
 #[cfg(feature = "wgpu")]
 pub type WgpuF32Grad = burn::backend::Autodiff<WgpuF32>;
 

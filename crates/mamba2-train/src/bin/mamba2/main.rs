@@ -292,7 +292,7 @@ macro_rules! with_backend {
             #[cfg(feature = "wgpu")]
             (DeviceArg::Wgpu, DtypeArg::F32) => {
                 wgpu_adapter()?;
-                type $B = Autodiff<burn::backend::Wgpu>;
+                type $B = Autodiff<burn_wgpu::Wgpu>;
                 $body
             }
             #[cfg(feature = "wgpu")]
@@ -307,7 +307,7 @@ macro_rules! with_backend {
 #[cfg(feature = "wgpu")]
 fn wgpu_adapter() -> Result<()> {
     use burn::tensor::Tensor;
-    mamba2_model::catch_panic(|| Tensor::<burn::backend::Wgpu, 1>::zeros([1], &Default::default()).into_data())
+    mamba2_model::catch_panic(|| Tensor::<burn_wgpu::Wgpu, 1>::zeros([1], &Default::default()).into_data())
         .map(drop)
         .map_err(|e| {
             let first = e.lines().next().unwrap_or_default();

@@ -9,6 +9,8 @@
 //!   input, optional state and weights); the output is packed `[y | final state | conv tail]`.
 //! - [`Streaming`] and [`StreamingState`]: the per-row step, with no allocation per step.
 //! - [`Dims`]: the sizes, and the layout of a mixer's columns that every pass reads through.
+//! - [`readout`]: a forecaster's linear heads and training loss over the scored rows, and their
+//!   gradients, in one pass (the forecaster in `mamba2-train` calls it).
 //!
 //! The hot loops have a plain body and copies compiled for AVX2 and AVX-512, chosen at run time;
 //! the scan's step and the streaming products also have hand-written AVX-512 versions
@@ -58,6 +60,7 @@ pub mod layer;
 mod layout;
 mod matmul;
 mod norm;
+pub mod readout;
 mod scan;
 pub mod streaming;
 #[cfg(all(test, target_arch = "x86_64"))]

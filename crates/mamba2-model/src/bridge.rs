@@ -52,7 +52,7 @@ pub fn with_generic_path<R>(f: impl FnOnce() -> R) -> R {
 /// The concrete CPU backends the host kernels serve: the one list both [`runs_on_host`] and
 /// [`run`] read, so that a backend cannot be routed by one and missed by the other.
 #[derive(Debug, Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     AutodiffFlex,
     AutodiffNdArrayF64,
     AutodiffNdArrayF32,
@@ -61,7 +61,7 @@ enum Route {
     NdArrayF32,
 }
 
-fn route<B: Backend>() -> Option<Route> {
+pub(crate) fn route<B: Backend>() -> Option<Route> {
     let routes = [
         (TypeId::of::<Autodiff<Flex>>(), Route::AutodiffFlex),
         (TypeId::of::<Autodiff<NdArray<f64>>>(), Route::AutodiffNdArrayF64),
@@ -255,7 +255,7 @@ struct LayerOut<B: Backend> {
 /// A float primitive's values on the host: the tensor's own buffer, read in place, when it holds
 /// `T` suitably aligned (the usual case, and no copy beyond Burn's own), else a converted copy.
 #[derive(Debug)]
-enum HostBuf<T> {
+pub(crate) enum HostBuf<T> {
     /// A Flex tensor shares its buffer: this is a view, no copy at all.
     Flex(FlexTensor),
     Data(TensorData),
@@ -263,7 +263,7 @@ enum HostBuf<T> {
 }
 
 impl<T: HostFloat> HostBuf<T> {
-    fn get(&self) -> &[T] {
+    pub(crate) fn get(&self) -> &[T] {
         match self {
             HostBuf::Flex(t) => t.as_slice::<T>().expect("checked when made"),
             HostBuf::Data(data) => data.as_slice::<T>().expect("checked when made"),
@@ -272,7 +272,7 @@ impl<T: HostFloat> HostBuf<T> {
     }
 }
 
-fn host<B: Backend, T: HostFloat>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
+pub(crate) fn host<B: Backend, T: HostFloat>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
     let any: Box<dyn Any> = Box::new(t);
     let t = match any.downcast::<FlexTensor>() {
         Ok(flex) if flex.as_slice::<T>().is_some() => return HostBuf::Flex(*flex),
@@ -286,7 +286,7 @@ fn host<B: Backend, T: HostFloat>(t: B::FloatTensorPrimitive) -> HostBuf<T> {
     HostBuf::Owned(data.convert::<T>().into_vec::<T>().expect("converted to the kernel's element type"))
 }
 
-fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: &B::Device) -> B::FloatTensorPrimitive {
+pub(crate) fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize>, device: &B::Device) -> B::FloatTensorPrimitive {
     B::float_from_data(TensorData::new(values, shape).convert_dtype(B::FloatElem::dtype()), device)
 }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calendar::Calendar;
 use crate::features::{FeatureMap, HostBatch};
+use crate::trainer::Loss;
 
 /// What the forecaster reads and predicts, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,6 +275,8 @@ pub struct Batch<B: Backend> {
     pub n_pos: usize,
     /// `[n_pos]`, the rows of the forecast positions, when they are not the last `n_pos` rows.
     pub positions: Option<Tensor<B, 1, Int>>,
+    /// Rows between forecast positions: they are the last row and every `every`-th before it.
+    pub every: usize,
 }
 
 fn int_tensor<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
@@ -300,6 +303,7 @@ impl<E: Element> HostBatch<E> {
             n_pos: p,
             positions: (self.every > 1)
                 .then(|| int_tensor::<B>(&(0..p).map(|j| (self.len - 1 - (p - 1 - j) * self.every) as i64).collect::<Vec<_>>(), device)),
+            every: self.every.max(1),
         }
     }
 }
@@ -356,6 +360,73 @@ impl<B: Backend> Forecaster<B> {
             out = out + self.cycle_steps(q.val()).select(0, now.clone()).reshape([n, p, h]);
         }
         Ok(out)
+    }
+
+    /// The training loss of a batch (which must hold its truth): `kind` over every forecast
+    /// position and step of [`forward_relative`](Self::forward_relative) against
+    /// [`Batch::truth_rel`], in the data's scaled units.
+    ///
+    /// On the CPU backends the head, the direct map, the cycle and the loss run as one node
+    /// (`mamba2_cpu::readout`); elsewhere, with dropout in training, and inside
+    /// `mamba2_model::with_generic_path` as the tensor operations of `forward_relative`.
+    ///
+    /// # Shapes
+    /// - output: `[1]`
+    pub fn loss(&self, batch: &Batch<B>, kind: Loss) -> Result<Tensor<B, 1>, ModelError> {
+        let truth = batch.truth_rel.clone().ok_or_else(|| {
+            ModelError::Config(ConfigError::Invalid { name: "batch", value: "no truth".into(), why: "a loss needs the values that follow" })
+        })?;
+        let dropping = B::ad_enabled(&batch.inputs.device()) && self.spec.dropout > 0.0;
+        let biased = self.mamba.output_proj.bias.is_some() || self.direct.as_ref().is_some_and(|d| d.bias.is_some());
+        if !mamba2_model::runs_on_host::<B>() || dropping || biased {
+            let err = self.forward_relative(batch)? - truth;
+            let (mse, mae) = kind.weights();
+            return Ok(match (mse > 0.0, mae > 0.0) {
+                (true, true) => err.clone().powi_scalar(2).mean().mul_scalar(mse) + err.abs().mean().mul_scalar(mae),
+                (true, false) => err.powi_scalar(2).mean().mul_scalar(mse),
+                _ => err.abs().mean().mul_scalar(mae),
+            });
+        }
+        let [n, len, n_feat] = batch.inputs.dims();
+        let (p, h, d) = (batch.n_pos, self.spec.horizon, self.mamba.output_proj.weight.dims()[0]);
+        let (hidden, _) = self.mamba.backbone.forward(self.mamba.input_proj.forward(batch.inputs.clone()), None)?;
+        let flat = |t: Tensor<B, 2>| {
+            let n = t.shape().num_elements();
+            t.reshape([n])
+        };
+        let cycle = match (&self.cycle, &batch.cycle_now) {
+            (Some(_), Some(now)) => {
+                Some((now.clone().into_data().convert::<i64>().into_vec::<i64>().expect("i64 after convert"), self.spec.cycle_period()))
+            }
+            _ => None,
+        };
+        let (mse, mae) = kind.weights();
+        let op = crate::readout::Readout {
+            dims: mamba2_cpu::readout::ReadoutDims {
+                n_seq: n,
+                len,
+                n_pos: p,
+                every: batch.every,
+                d_model: d,
+                n_feat: if self.direct.is_some() { n_feat } else { 0 },
+                horizon: h,
+            },
+            cycle,
+            loss: mamba2_cpu::readout::LossWeights { mse, mae },
+        };
+        let mut inputs: [Option<Tensor<B, 1>>; crate::readout::PARENTS] = Default::default();
+        inputs[crate::readout::HIDDEN] = Some(hidden.reshape([n * len * d]));
+        inputs[crate::readout::HEAD] = Some(flat(self.mamba.output_proj.weight.val()));
+        if let Some(direct) = &self.direct {
+            inputs[crate::readout::DIRECT] = Some(flat(direct.weight.val()));
+            inputs[crate::readout::INPUTS] = Some(batch.inputs.clone().reshape([n * len * n_feat]));
+        }
+        if op.cycle.is_some() {
+            inputs[crate::readout::CYCLE] = self.cycle.as_ref().map(|q| q.val());
+        }
+        inputs[crate::readout::SCALE] = batch.scale.clone().map(|s| s.reshape([n * p * h]));
+        inputs[crate::readout::TRUTH] = Some(truth.reshape([n * p * h]));
+        Ok(mamba2_model::host_op(op, inputs))
     }
 
     /// The learned cycle's step table `[T * period, H]`, when the model has a cycle: row

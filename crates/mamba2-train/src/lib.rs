@@ -51,6 +51,7 @@ mod memory;
 mod parallel;
 mod parquet_input;
 pub mod plot;
+mod readout;
 mod stream;
 mod trainer;
 

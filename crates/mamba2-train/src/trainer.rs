@@ -75,6 +75,17 @@ pub enum Loss {
     MseMae,
 }
 
+impl Loss {
+    /// The weights of the mean squared and the mean absolute error in the loss.
+    pub fn weights(self) -> (f64, f64) {
+        match self {
+            Loss::Mse => (1.0, 0.0),
+            Loss::Mae => (0.0, 1.0),
+            Loss::MseMae => (1.0, 1.0),
+        }
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
@@ -367,16 +378,10 @@ fn train_share<B: AutodiffBackend>(
 ) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
     let loss = match batch {
         Some(batch) => {
-            let truth = batch
-                .truth_rel
-                .clone()
-                .ok_or_else(|| TrainError::Config { why: "a training batch needs the values that follow it".into() })?;
-            let err = model.forward_relative(batch)? - truth;
-            let loss = match kind {
-                Loss::Mse => err.powi_scalar(2).mean(),
-                Loss::Mae => err.abs().mean(),
-                Loss::MseMae => err.clone().powi_scalar(2).mean() + err.abs().mean(),
-            };
+            if batch.truth_rel.is_none() {
+                return Err(TrainError::Config { why: "a training batch needs the values that follow it".into() });
+            }
+            let loss = model.loss(batch, kind)?;
             Some(if weight == 1.0 { loss } else { loss.mul_scalar(weight) })
         }
         None => None,

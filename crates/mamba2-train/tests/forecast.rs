@@ -128,3 +128,66 @@ fn stream_equals_the_history_forecast() {
     println!("worst relative difference, stream vs history: {worst:e}");
     assert!(worst <= 1e-9, "stream and history differ by {worst:e}");
 }
+
+/// The training loss on the CPU backends (head, direct map, cycle and loss as one node) equals
+/// its tensor version, in value and in the gradient of every parameter: f64 to 1e-10 relative
+/// to the largest gradient of each tensor, f32 to 1e-5. Every loss kind, with and without
+/// scaling by the rolling std, scored every row and every third row, weights jittered away
+/// from their zero start so that every part contributes.
+#[test]
+fn the_fused_loss_equals_the_tensor_loss() {
+    use burn::module::{Module, ModuleMapper, Param};
+    use burn::prelude::*;
+    use burn::tensor::backend::AutodiffBackend;
+    use mamba2_train::Loss;
+
+    // The jittered weights are leaves of the graph again, as a model's own weights are.
+    struct Jitter;
+    impl<B: Backend> ModuleMapper<B> for Jitter {
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            p.map(|t| {
+                let noise = t.random_like(burn::tensor::Distribution::Normal(0.0, 0.05));
+                (t + noise).detach().require_grad()
+            })
+        }
+    }
+
+    fn check<B: AutodiffBackend>(tolerance: f64) {
+        let table = Table::from_csv_str(&synthetic(400), "synthetic", &ColumnChoice::default()).unwrap();
+        let calendar = table.times.as_deref().and_then(Calendar::detect);
+        let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
+        let scaler = Scaler::fit(&table.rows, &table.columns).unwrap();
+        let rows = scaler.transform(&table.rows, &table.columns).unwrap();
+        let device = Default::default();
+        let mut worst = 0.0f64;
+        for (scale, every, kind) in [(false, 2, Loss::MseMae), (true, 3, Loss::Mse), (false, 1, Loss::Mae), (true, 1, Loss::MseMae)] {
+            let mut config = ForecasterConfig::defaults(40, 7, table.columns.clone(), table.columns.clone(), calendar.clone());
+            config.spec.scale = scale;
+            B::seed(&device, 11);
+            let model = config.init::<B>(&device).unwrap().map(&mut Jitter);
+            let batch = model.feature_map().build::<B::FloatElem>(&rows, &clock, &[0, 37, 150, 300], 40, 40usize.div_ceil(every), every);
+            let batch = batch.into_device(7, &device);
+            let fused = model.loss(&batch, kind).unwrap();
+            let plain = mamba2_model::with_generic_path(|| model.loss(&batch, kind).unwrap());
+            let (a, b) = (fused.clone().into_scalar().elem::<f64>(), plain.clone().into_scalar().elem::<f64>());
+            assert!((a - b).abs() <= tolerance * b.abs(), "scale {scale}, every {every}, {kind:?}: loss {a} vs {b}");
+            let (ga, gb) = (fused.backward(), plain.backward());
+            let (na, nb) = (mamba2_model::named_grads(&model, &ga), mamba2_model::named_grads(&model, &gb));
+            assert_eq!(na.len(), nb.len());
+            for ((path, x), (_, y)) in na.into_iter().zip(nb) {
+                let (x, y) = (
+                    x.expect(&path).into_data().convert::<f64>().to_vec::<f64>().unwrap(),
+                    y.expect(&path).into_data().convert::<f64>().to_vec::<f64>().unwrap(),
+                );
+                let top = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                assert!(top > 0.0, "{path}: no gradient");
+                let diff = x.iter().zip(&y).fold(0.0f64, |m, (p, q)| m.max((p - q).abs())) / top;
+                worst = worst.max(diff);
+                assert!(diff <= tolerance, "scale {scale}, every {every}, {kind:?}: {path} differs by {diff:e} of its largest value");
+            }
+        }
+        println!("fused vs tensor loss, worst gradient difference relative to each tensor's largest: {worst:e}");
+    }
+    check::<Autodiff<NdArray<f64>>>(1e-10);
+    check::<Autodiff<Flex>>(1e-5);
+}

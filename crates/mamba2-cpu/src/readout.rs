@@ -1,0 +1,364 @@
+//! A forecaster's readout and its training loss in one pass: the linear head over the stack's
+//! output and the direct linear map over the row's own inputs, at the scored rows of each
+//! sequence, plus a learned cycle's steps, against the truth, as MSE and MAE.
+//!
+//! Written as tensor operations, the readout is a dozen passes over its `[rows, H]` output
+//! forward and as many backward (the selection of the scored rows, two products, the sums, the
+//! cycle's gather, the difference, its square and absolute value, their means), each a buffer
+//! allocated, filled and read once more. Here the head and the direct map are one product over
+//! the scored rows' `[hidden | inputs]`, the loss and its derivative one pass over the product,
+//! and the backward two products and two scatters. `mamba2-train`'s `Forecaster::loss` runs it on
+//! the CPU backends and keeps the tensor version as the reference both are tested against.
+
+use rayon::prelude::*;
+
+use crate::buffers::{build_rows, sum_partials};
+use crate::float::HostFloat;
+use crate::matmul::{product, Mat};
+
+/// The sizes of a readout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadoutDims {
+    /// Sequences.
+    pub n_seq: usize,
+    /// Rows per sequence.
+    pub len: usize,
+    /// Scored rows per sequence: the last and, going back `every` rows at a time, `n_pos - 1`
+    /// more.
+    pub n_pos: usize,
+    /// See `n_pos`.
+    pub every: usize,
+    /// Width of the stack's output.
+    pub d_model: usize,
+    /// Inputs per row, read by the direct map (0 without one).
+    pub n_feat: usize,
+    /// Forecast steps, `H`.
+    pub horizon: usize,
+}
+
+impl ReadoutDims {
+    /// Scored rows in all: `n_seq * n_pos`.
+    pub fn rows(&self) -> usize {
+        self.n_seq * self.n_pos
+    }
+
+    /// The row of sequence-local position `j` (`0..n_pos`, oldest first).
+    pub fn position(&self, j: usize) -> usize {
+        self.len - 1 - (self.n_pos - 1 - j) * self.every
+    }
+
+    /// Values of the product's left side per scored row: the stack's output, then the inputs.
+    fn width(&self) -> usize {
+        self.d_model + self.n_feat
+    }
+}
+
+/// The loss: `mse * mean(r^2) + mae * mean(|r|)` over every scored row and step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossWeights {
+    /// Weight of the mean squared error.
+    pub mse: f64,
+    /// Weight of the mean absolute error.
+    pub mae: f64,
+}
+
+/// A learned additive cycle per series: the forecast `k` steps after a row at phase `p` of
+/// series `c` adds `q[c * period + (p + k) % period] - q[c * period + p]`.
+#[derive(Debug, Clone, Copy)]
+pub struct CycleRef<'a, T> {
+    /// `[series * period]`.
+    pub q: &'a [T],
+    /// `series * period + phase` of each scored row, `[n_seq * n_pos]`.
+    pub now: &'a [i64],
+    /// Rows per cycle.
+    pub period: usize,
+}
+
+/// A readout's inputs, as row-major slices.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadoutPlan<'a, T> {
+    /// The sizes.
+    pub dims: ReadoutDims,
+    /// The stack's output, `[n_seq, len, d_model]`.
+    pub hidden: &'a [T],
+    /// The head, `[d_model, H]`.
+    pub head_w: &'a [T],
+    /// The rows' inputs `[n_seq, len, n_feat]` and the direct map `[n_feat, H]`, when there is
+    /// one (`n_feat` is then their width, else 0).
+    pub direct: Option<(&'a [T], &'a [T])>,
+    /// What the head's and direct map's output is multiplied by, `[n_seq * n_pos, H]`.
+    pub scale: Option<&'a [T]>,
+    /// The learned cycle.
+    pub cycle: Option<CycleRef<'a, T>>,
+    /// What followed each scored row minus its last value, `[n_seq * n_pos, H]`.
+    pub truth: &'a [T],
+    /// The loss.
+    pub loss: LossWeights,
+}
+
+/// What the forward keeps for the backward.
+#[derive(Debug)]
+pub struct ReadoutSaved<T> {
+    /// The scored rows' `[hidden | inputs]`, `[rows, width]`.
+    x: Vec<T>,
+    /// The loss's derivative with respect to each forecast, `[rows, H]`.
+    dloss: Vec<T>,
+}
+
+/// The gradients of a readout's loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadoutGrads<T> {
+    /// `[n_seq, len, d_model]`, zero away from the scored rows.
+    pub hidden: Vec<T>,
+    /// `[d_model, H]`.
+    pub head_w: Vec<T>,
+    /// `[n_feat, H]` (empty without a direct map).
+    pub direct_w: Vec<T>,
+    /// `[series * period]` (empty without a cycle).
+    pub q: Vec<T>,
+}
+
+/// Scored rows per parallel task in the row-wise passes.
+const ROWS_PER_TASK: usize = 256;
+
+fn check<T>(p: &ReadoutPlan<T>) {
+    let d = p.dims;
+    let (m, h) = (d.rows(), d.horizon);
+    assert!(d.n_pos >= 1 && d.every >= 1 && d.position(0) < d.len, "readout: {d:?} has no such positions");
+    assert_eq!(p.hidden.len(), d.n_seq * d.len * d.d_model, "readout: hidden");
+    assert_eq!(p.head_w.len(), d.d_model * h, "readout: head");
+    match p.direct {
+        Some((inputs, w)) => assert!(inputs.len() == d.n_seq * d.len * d.n_feat && w.len() == d.n_feat * h, "readout: direct map"),
+        None => assert_eq!(d.n_feat, 0, "readout: inputs without a direct map"),
+    }
+    assert!(p.scale.is_none_or(|s| s.len() == m * h), "readout: scale");
+    assert_eq!(p.truth.len(), m * h, "readout: truth");
+    if let Some(c) = &p.cycle {
+        assert!(c.period >= 1 && c.now.len() == m, "readout: cycle rows");
+        assert!(c.now.iter().all(|&r| r >= 0 && (r as usize) < c.q.len()), "readout: a cycle row outside the table");
+    }
+}
+
+/// The loss, and (with `keep`) what [`backward`] needs.
+pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<ReadoutSaved<T>>) {
+    check(p);
+    let d = p.dims;
+    let (m, h, k, dm) = (d.rows(), d.horizon, d.width(), d.d_model);
+    // The scored rows' left sides, gathered once: the product and the weights' gradient read them.
+    let ([x], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [k], |first, [block]| {
+        for (i, row) in block.chunks_mut(k).enumerate() {
+            let r = first + i;
+            let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
+            row[..dm].copy_from_slice(&p.hidden[at * dm..(at + 1) * dm]);
+            if let Some((inputs, _)) = p.direct {
+                row[dm..].copy_from_slice(&inputs[at * d.n_feat..(at + 1) * d.n_feat]);
+            }
+        }
+    });
+    let mut w = p.head_w.to_vec();
+    if let Some((_, dw)) = p.direct {
+        w.extend_from_slice(dw);
+    }
+    let mut y = product(m, h, k, Mat::rows(&x, k), Mat::rows(&w, h));
+    // One pass turns each forecast into its error's share of the loss and, in place, into the
+    // loss's derivative with respect to it.
+    let count = (m * h) as f64;
+    let (two_mse, mae) = (T::from(2.0 * p.loss.mse / count).expect("finite"), T::from(p.loss.mae / count).expect("finite"));
+    let sums: (f64, f64) = y
+        .par_chunks_mut(ROWS_PER_TASK * h)
+        .enumerate()
+        .map(|(task, block)| {
+            let (mut sq, mut ab) = (0.0f64, 0.0f64);
+            for (i, row) in block.chunks_mut(h).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
+                let truth = &p.truth[r * h..(r + 1) * h];
+                let cycle = p.cycle.map(|c| {
+                    let now = c.now[r] as usize;
+                    (c, (now / c.period) * c.period, now % c.period, c.q[now])
+                });
+                for (s, v) in row.iter_mut().enumerate() {
+                    let mut f = *v;
+                    if let Some(scale) = scale {
+                        f = f * scale[s];
+                    }
+                    if let Some((c, base, phase, q_now)) = cycle {
+                        f = f + c.q[base + (phase + s + 1) % c.period] - q_now;
+                    }
+                    let e = f - truth[s];
+                    let e64 = e.to_f64().expect("a float");
+                    sq += e64 * e64;
+                    ab += e64.abs();
+                    let sign = if e > T::zero() {
+                        T::one()
+                    } else if e < T::zero() {
+                        -T::one()
+                    } else {
+                        T::zero()
+                    };
+                    *v = two_mse * e + mae * sign;
+                }
+            }
+            (sq, ab)
+        })
+        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let loss = (p.loss.mse * sums.0 + p.loss.mae * sums.1) / count;
+    (loss, keep.then_some(ReadoutSaved { x, dloss: y }))
+}
+
+/// The gradients of `gloss` times the loss with respect to the stack's output, the head, the
+/// direct map and the cycle.
+pub fn backward<T: HostFloat>(p: &ReadoutPlan<T>, saved: &ReadoutSaved<T>, gloss: T) -> ReadoutGrads<T> {
+    check(p);
+    let d = p.dims;
+    let (m, h, k, dm) = (d.rows(), d.horizon, d.width(), d.d_model);
+    // The derivative with respect to the product, before the scale.
+    let ([gy], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [h], |first, [block]| {
+        let src = &saved.dloss[first * h..first * h + block.len()];
+        match p.scale {
+            Some(s) => {
+                let s = &s[first * h..first * h + block.len()];
+                for ((o, &g), &s) in block.iter_mut().zip(src).zip(s) {
+                    *o = g * s * gloss;
+                }
+            }
+            None => block.iter_mut().zip(src).for_each(|(o, &g)| *o = g * gloss),
+        }
+    });
+    let gw = product(k, h, m, Mat::transposed(&saved.x, k), Mat::rows(&gy, h));
+    let gx = product(m, dm, h, Mat::rows(&gy, h), Mat::transposed(p.head_w, h));
+    // Each sequence's rows of the stack's gradient, zero but at its scored rows.
+    let ([hidden], _) = build_rows::<T, (), 1>(d.n_seq, 1, [d.len * dm], |s, [block]| {
+        for j in 0..d.n_pos {
+            let (at, r) = (d.position(j) * dm, s * d.n_pos + j);
+            block[at..at + dm].copy_from_slice(&gx[r * dm..(r + 1) * dm]);
+        }
+    });
+    let q = match p.cycle {
+        Some(c) => {
+            let parts = saved
+                .dloss
+                .par_chunks(ROWS_PER_TASK * 16 * h)
+                .enumerate()
+                .map(|(task, block)| {
+                    let mut part = vec![T::zero(); c.q.len()];
+                    for (i, row) in block.chunks(h).enumerate() {
+                        let now = c.now[task * ROWS_PER_TASK * 16 + i] as usize;
+                        let (base, phase) = ((now / c.period) * c.period, now % c.period);
+                        let mut total = T::zero();
+                        for (s, &g) in row.iter().enumerate() {
+                            let g = g * gloss;
+                            let ahead = base + (phase + s + 1) % c.period;
+                            part[ahead] = part[ahead] + g;
+                            total = total + g;
+                        }
+                        part[now] = part[now] - total;
+                    }
+                    part
+                })
+                .collect();
+            sum_partials(parts, c.q.len())
+        }
+        None => Vec::new(),
+    };
+    let (head_w, direct_w) = (gw[..dm * h].to_vec(), gw[dm * h..].to_vec());
+    ReadoutGrads { hidden, head_w, direct_w, q }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loss and every gradient equal a direct computation, in f64: the forecasts one by one,
+    /// the loss summed, and each gradient by central differences of that sum.
+    #[test]
+    fn loss_and_gradients_equal_a_direct_computation() {
+        let d = ReadoutDims { n_seq: 3, len: 7, n_pos: 3, every: 2, d_model: 4, n_feat: 5, horizon: 6 };
+        let wave = |n: usize, f: f64| (0..n).map(|i| ((i as f64 + 1.0) * f).sin()).collect::<Vec<f64>>();
+        let (hidden, inputs) = (wave(d.n_seq * d.len * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
+        let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
+        let m = d.rows();
+        let scale: Vec<f64> = wave(m * d.horizon, 0.11).iter().map(|v| 1.5 + v).collect();
+        let truth = wave(m * d.horizon, 0.43);
+        let (period, q) = (5, wave(2 * 5, 0.9));
+        let now: Vec<i64> = (0..m).map(|r| ((r % 2) * period + (r * 3) % period) as i64).collect();
+        let loss = LossWeights { mse: 0.7, mae: 1.3 };
+        let direct_loss = |hidden: &[f64], head_w: &[f64], direct_w: &[f64], q: &[f64]| {
+            let mut total = 0.0;
+            for r in 0..m {
+                let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
+                for s in 0..d.horizon {
+                    let mut f = (0..d.d_model).map(|i| hidden[at * d.d_model + i] * head_w[i * d.horizon + s]).sum::<f64>();
+                    f += (0..d.n_feat).map(|i| inputs[at * d.n_feat + i] * direct_w[i * d.horizon + s]).sum::<f64>();
+                    let (base, phase) = ((now[r] as usize / period) * period, now[r] as usize % period);
+                    let e =
+                        f * scale[r * d.horizon + s] + q[base + (phase + s + 1) % period] - q[now[r] as usize] - truth[r * d.horizon + s];
+                    total += loss.mse * e * e + loss.mae * e.abs();
+                }
+            }
+            total / (m * d.horizon) as f64
+        };
+        let plan = ReadoutPlan {
+            dims: d,
+            hidden: &hidden,
+            head_w: &head_w,
+            direct: Some((&inputs, &direct_w)),
+            scale: Some(&scale),
+            cycle: Some(CycleRef { q: &q, now: &now, period }),
+            truth: &truth,
+            loss,
+        };
+        let (value, saved) = forward(&plan, true);
+        let want = direct_loss(&hidden, &head_w, &direct_w, &q);
+        assert!((value - want).abs() <= 1e-14 * want, "loss {value} vs {want}");
+        let g = backward(&plan, &saved.unwrap(), 2.0);
+        let eps = 1e-6;
+        let numeric = |which: usize, i: usize| {
+            let mut args = [hidden.clone(), head_w.clone(), direct_w.clone(), q.clone()];
+            args[which][i] += eps;
+            let up = direct_loss(&args[0], &args[1], &args[2], &args[3]);
+            args[which][i] -= 2.0 * eps;
+            let down = direct_loss(&args[0], &args[1], &args[2], &args[3]);
+            2.0 * (up - down) / (2.0 * eps)
+        };
+        for (which, got) in [&g.hidden, &g.head_w, &g.direct_w, &g.q].into_iter().enumerate() {
+            for (i, &v) in got.iter().enumerate() {
+                let n = numeric(which, i);
+                assert!((v - n).abs() <= 1e-7 * (1.0 + n.abs()), "input {which}, element {i}: {v} vs {n}");
+            }
+        }
+        // The unscored rows get no gradient at all.
+        let scored = |row: usize| (0..d.n_pos).any(|j| d.position(j) == row);
+        for (i, &v) in g.hidden.iter().enumerate() {
+            if !scored((i / d.d_model) % d.len) {
+                assert_eq!(v, 0.0, "element {i}");
+            }
+        }
+    }
+
+    /// Without a direct map, scale or cycle the readout is the head alone.
+    #[test]
+    fn the_head_alone() {
+        let d = ReadoutDims { n_seq: 2, len: 3, n_pos: 1, every: 1, d_model: 2, n_feat: 0, horizon: 2 };
+        let hidden = [1.0, 2.0, 0.0, 0.0, 3.0, -1.0, 0.5, 0.5, 0.0, 0.0, 2.0, 1.0];
+        let head_w = [1.0, 0.0, 0.0, 1.0];
+        let truth = [3.0, -1.0, 2.0, 3.0];
+        let plan = ReadoutPlan {
+            dims: d,
+            hidden: &hidden,
+            head_w: &head_w,
+            direct: None,
+            scale: None,
+            cycle: None,
+            truth: &truth,
+            loss: LossWeights { mse: 1.0, mae: 0.0 },
+        };
+        // Forecasts [3, -1] (exact) and [2, 1] (2 short of 3 at the second step): 4 over 4 values.
+        let (value, saved) = forward(&plan, true);
+        assert_eq!(value, 1.0);
+        let g = backward(&plan, &saved.unwrap(), 1.0);
+        assert_eq!(g.hidden[(3 + 2) * 2..], [0.0, -1.0]);
+        assert!(g.hidden[..(3 + 2) * 2].iter().all(|&v| v == 0.0));
+        assert!(g.direct_w.is_empty() && g.q.is_empty());
+    }
+}

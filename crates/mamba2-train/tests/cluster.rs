@@ -1,5 +1,5 @@
 //! Training over several processes, through the `mamba2` command on the loopback interface: two
-//! processes train what one process trains (f64, to 1e-12), and when one of them is killed
+//! processes train what one process trains (f64, to 1e-10 over hundreds of steps), and when one of them is killed
 //! mid-epoch the other stops in bounded time naming it, and `--resume` on both then ends with
 //! the uninterrupted result. Every child is waited for with a deadline.
 
@@ -106,16 +106,25 @@ fn history(dir: &Path) -> Vec<[f64; 5]> {
         .collect()
 }
 
+/// How far two f64 runs that add the same gradients in a different order may drift apart,
+/// relative, over these runs' hundreds of steps (390 per epoch). The sum over processes rounds
+/// differently from one process's sum, and the default loss (the MAE, whose gradient does not
+/// shrink as the fit improves) with Adam carries that rounding on: the killed run's parameters
+/// were 8.1e-13 apart after 4 epochs and its first validation MSE 1.3e-12. `tests/parallel.rs`
+/// holds 20 steps to the 1e-12; this bound is still a thousand times below any real
+/// fault (a lost gradient or a step applied twice moves the figures at 1e-3 and more).
+const DRIFT: f64 = 1e-10;
+
 /// `dir`'s run against the one-process run in `one`: parameters and every epoch's figures.
 fn same_run(dir: &Path, one: &Path, what: &str) {
     let w = worst(&parameters(dir), &parameters(one));
     println!("{what}: worst relative parameter difference to one process {w:.2e}");
-    assert!(w <= 1e-12, "{what}: parameters differ by {w:e}");
+    assert!(w <= DRIFT, "{what}: parameters differ by {w:e}");
     let (a, b) = (history(dir), history(one));
     assert_eq!(a.len(), b.len(), "{what}: epochs");
     for (x, y) in a.iter().zip(&b) {
         for (p, q) in x.iter().zip(y) {
-            assert!((p - q).abs() <= 1e-12 * q.abs().max(1e-12), "{what}: epoch figures {x:?} vs {y:?}");
+            assert!((p - q).abs() <= DRIFT * q.abs().max(1e-12), "{what}: epoch figures {x:?} vs {y:?}");
         }
     }
 }

@@ -206,11 +206,12 @@ struct TrainArgs {
     /// Seconds a worker waits for the others (to join, or in a step) before the run stops.
     #[arg(long, default_value_t = mamba2_train::DEFAULT_PEER_TIMEOUT.as_secs_f64())]
     peer_timeout: f64,
-    /// Evaluate and keep a moving average of the weights with this decay per step (0: off).
+    /// Evaluate and keep a moving average of the weights with this decay per step, 0 for off
+    /// [default: 0.99].
     #[arg(long)]
     ema: Option<f64>,
     /// Training loss.
-    #[arg(long, value_enum, default_value = "mse-mae")]
+    #[arg(long, value_enum, default_value = "mae")]
     loss: LossArg,
     /// Step between training window starts (each epoch starts them at another offset).
     #[arg(long, default_value_t = TrainConfig::default().stride)]
@@ -676,7 +677,7 @@ impl RunInfo {
                 "training".into(),
                 format!(
                     "at most {} epoch{} (early stop after {} without a better validation MSE), each about {steps} steps of {} windows \
-                     (1 in {} of the training windows), peak lr {:e}, loss {}",
+                     (1 in {} of the training windows), peak lr {:e}, loss {}, {}",
                     tc.epochs,
                     if tc.epochs == 1 { "" } else { "s" },
                     tc.patience,
@@ -687,6 +688,10 @@ impl RunInfo {
                         Loss::Mse => "mse",
                         Loss::Mae => "mae",
                         Loss::MseMae => "mse + mae",
+                    },
+                    match tc.ema {
+                        Some(d) => format!("the moving average of the weights (decay {d}) evaluated and kept"),
+                        None => "the weights evaluated as trained".into(),
                     }
                 ),
             ),

@@ -94,12 +94,14 @@ fn run<B: AutodiffBackend>(unit: &Unit<B>, case: &Case, seed: u64) -> Vec<(Strin
         ssm: normal::<B, 4>([case.batch, c.nheads(), c.headdim, c.d_state], seed + 2, &device).require_grad(),
     });
     // Random weights on every output make each gradient path carry a distinct signal.
+    let building = mamba2_tensor::graph::recording();
     let (y, next) = unit.forward(u.clone(), state.clone());
     let wy = normal::<B, 3>(y.dims(), seed + 3, &device);
     let ws = normal::<B, 4>(next.ssm.dims(), seed + 4, &device);
     let wc = normal::<B, 3>(next.conv.dims(), seed + 5, &device);
     let loss = (y.clone() * wy).sum() + (next.ssm.clone() * ws).sum() + (next.conv.clone() * wc).sum();
-    let grads = loss.backward();
+    drop(building);
+    let grads = mamba2_tensor::graph::backward(loss);
     let mut out = vec![
         ("y".to_string(), to_f64_vec(y)),
         ("final ssm".to_string(), to_f64_vec(next.ssm)),

@@ -28,9 +28,12 @@ fn time_series_params_all_learn<B: AutodiffBackend>(device: &B::Device) {
     for g in [1, 2] {
         let model: Mamba2TimeSeries<B> = tiny_ts(g).init(device).unwrap();
         let x = wave::<B>(3, 9, 3, device).require_grad();
+        let building = mamba2_tensor::graph::recording();
         let (y, _) = model.forward(x.clone(), None).unwrap();
         let target = wave::<B>(3, 9, 2, device).mul_scalar(0.5);
-        let grads = (y - target).powi_scalar(2).mean().backward();
+        let loss = (y - target).powi_scalar(2).mean();
+        drop(building);
+        let grads = mamba2_tensor::graph::backward(loss);
         assert_every_param_learns(&format!("time series, ngroups {g}"), &model, &grads);
         let gx = to_f64_vec(x.grad(&grads).expect("the input is not detached"));
         assert!(gx.iter().all(|v| v.is_finite()) && gx.iter().any(|v| *v != 0.0));
@@ -40,9 +43,12 @@ fn time_series_params_all_learn<B: AutodiffBackend>(device: &B::Device) {
 fn lm_params_all_learn<B: AutodiffBackend>(device: &B::Device) {
     let model: Mamba2LM<B> = tiny_lm(2).init(device).unwrap();
     let ids = Tensor::<B, 2, Int>::from_data([[1, 5, 7, 2, 9, 10, 3], [4, 4, 0, 8, 6, 1, 2]], device);
+    let building = mamba2_tensor::graph::recording();
     let out = model.forward(ids, None).unwrap();
     let w = wave::<B>(2, 7, 11, device);
-    let grads = (out.logits * w).sum().backward();
+    let loss = (out.logits * w).sum();
+    drop(building);
+    let grads = mamba2_tensor::graph::backward(loss);
     assert_every_param_learns("language model", &model, &grads);
 }
 
@@ -113,12 +119,14 @@ fn gradients_match_finite_differences_for_every_parameter_f64() {
         let s = state.layers.iter().map(|l| l.ssm.clone().sum().into_scalar() * 0.1).sum::<f64>();
         to_f64_vec((y - target.clone()).powi_scalar(2).mean())[0] + s
     };
+    let building = mamba2_tensor::graph::recording();
     let (y, state) = model.forward(Tensor::from_inner(x.clone()), None).unwrap();
     let mut loss = (y - Tensor::from_inner(target.clone())).powi_scalar(2).mean();
     for l in &state.layers {
         loss = loss + l.ssm.clone().sum().mul_scalar(0.1);
     }
-    let grads = loss.backward();
+    drop(building);
+    let grads = mamba2_tensor::graph::backward(loss);
     let analytic = named_grads(&model, &grads);
     let inner = model.valid();
     let h = 1e-6;

@@ -33,7 +33,9 @@ fn check_case<B: AutodiffBackend>(case: &str, device: &B::Device) {
     let io = std::fs::read(dir.join("io.safetensors")).unwrap();
     let (ids, ids_shape) = read_tensor(&io, "input_ids");
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.iter().map(|&v| v as i64).collect::<Vec<_>>(), ids_shape.clone()), device);
+    let building = mamba2_tensor::graph::recording();
     let out = model.forward(ids, None).unwrap();
+    drop(building);
 
     let (hidden_ref, _) = read_tensor(&io, "last_hidden_state");
     let (logits_ref, logits_shape) = read_tensor(&io, "logits");
@@ -46,7 +48,11 @@ fn check_case<B: AutodiffBackend>(case: &str, device: &B::Device) {
 
     let (w, w_shape) = read_tensor(&io, "w_logits");
     let w = Tensor::<B, 3>::from_data(TensorData::new(w, w_shape).convert::<B::FloatElem>(), device);
-    let grads = (out.logits * w).sum().backward();
+    let loss = {
+        let _building = mamba2_tensor::graph::recording();
+        (out.logits * w).sum()
+    };
+    let grads = mamba2_tensor::graph::backward(loss);
     let mut checked = 0;
     for (path, grad) in named_grads(&model, &grads) {
         let (name, transposed) = hf_name(&path);

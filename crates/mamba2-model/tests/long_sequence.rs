@@ -13,8 +13,11 @@ fn mixer_grads<B: AutodiffBackend>(mixer: &Mamba2Mixer<B>, u: &[f64], wy: &[f64]
     let device = Default::default();
     let tensor = |v: &[f64]| Tensor::<B, 3>::from_data(TensorData::new(v.to_vec(), shape), &device);
     let u = tensor(u).require_grad();
+    let building = mamba2_tensor::graph::recording();
     let (y, _) = mixer.forward(u.clone(), None).unwrap();
-    let grads = (y.clone() * tensor(wy)).sum().backward();
+    let loss = (y.clone() * tensor(wy)).sum();
+    drop(building);
+    let grads = mamba2_tensor::graph::backward(loss);
     let mut out = vec![("y".to_string(), to_f64_vec(y)), ("grad u".to_string(), to_f64_vec(u.grad(&grads).expect("tracked")))];
     for (path, g) in named_grads(mixer, &grads) {
         out.push((format!("grad {path}"), to_f64_vec(g.unwrap_or_else(|| panic!("{path} got no gradient")))));

@@ -10,6 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use mamba2_model::{named_params, Mamba2Config, Mamba2TimeSeries, TimeSeriesConfig};
 use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule};
 use mamba2_tensor::compare::to_f64_vec;
+use mamba2_tensor::graph;
 
 type F64 = Autodiff<NdArray<f64>>;
 type F32 = Autodiff<Flex>;
@@ -59,7 +60,11 @@ impl Task {
     }
 }
 
+/// The loss of the last position, its graph built inside a recording: the tests of this file run
+/// on several threads at once (see `mamba2_tensor::graph`), so every backward goes through
+/// [`graph::backward`].
 fn loss<B: AutodiffBackend>(model: &Mamba2TimeSeries<B>, x: Tensor<B, 3>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+    let _building = graph::recording();
     let (out, _) = model.forward(x, None).unwrap();
     let last = out.narrow(1, LOOKBACK - 1, 1).reshape([BATCH, 1]);
     (last - y).powi_scalar(2).mean()
@@ -93,7 +98,7 @@ fn every_parameter_gets_a_gradient_and_moves<B: AutodiffBackend>() {
     let task = Task::new(2000);
     let model: Mamba2TimeSeries<B> = model_config().init(&device).unwrap();
     let (x, y) = task.batch::<B>(0, &device);
-    let grads = GradientsParams::from_grads(loss(&model, x, y).backward(), &model);
+    let grads = GradientsParams::from_grads(graph::backward(loss(&model, x, y)), &model);
     let params = named_params(&model);
     let missing: Vec<&str> = params
         .iter()
@@ -135,7 +140,7 @@ fn loss_falls_within<B: AutodiffBackend>(name: &str, steps: usize, ratio: f64) {
         let (x, y) = task.batch::<B>(step, &device);
         let l = loss(&model, x, y);
         losses.push(loss_value(&l));
-        let grads = GradientsParams::from_grads(l.backward(), &model);
+        let grads = GradientsParams::from_grads(graph::backward(l), &model);
         model = optim.step(schedule.lr_at(step), model, grads).unwrap().0;
     }
     let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
@@ -182,7 +187,7 @@ fn resume_is_bit_exact<B: AutodiffBackend>(tag: &str) {
     let run = |mut model: Mamba2TimeSeries<B>, optim: &mut AdamW<B>, steps: std::ops::Range<usize>| {
         for step in steps {
             let (x, y) = task.batch::<B>(step, &device);
-            let grads = GradientsParams::from_grads(loss(&model, x, y).backward(), &model);
+            let grads = GradientsParams::from_grads(graph::backward(loss(&model, x, y)), &model);
             model = optim.step(schedule.lr_at(optim.steps()), model, grads).unwrap().0;
         }
         model
@@ -234,4 +239,66 @@ fn every_parameter_gets_a_gradient_and_moves_on_wgpu() {
 #[test]
 fn loss_falls_by_half_in_40_steps_on_wgpu() {
     loss_falls_within::<Autodiff<burn_wgpu::Wgpu>>("Wgpu f32", 40, 0.5);
+}
+
+/// The gradients of one pass of `model` on batch `k`, by parameter path; a missing one panics.
+fn gradients_of<B: AutodiffBackend>(model: &Mamba2TimeSeries<B>, task: &Task, k: usize) -> Vec<(String, Vec<f64>)> {
+    let device = Default::default();
+    let (x, y) = task.batch::<B>(k, &device);
+    let grads = GradientsParams::from_grads(graph::backward(loss(model, x, y)), model);
+    let params = named_params(model);
+    let count = params.len();
+    params
+        .into_iter()
+        .map(|p| {
+            let values = match p.dims.len() {
+                1 => grads.get::<B::InnerBackend, 1>(p.id).map(to_f64_vec),
+                2 => grads.get::<B::InnerBackend, 2>(p.id).map(to_f64_vec),
+                _ => grads.get::<B::InnerBackend, 3>(p.id).map(to_f64_vec),
+            };
+            let values = values.unwrap_or_else(|| panic!("{} lost its gradient ({} of {count} present)", p.path, grads.len()));
+            (p.path, values)
+        })
+        .collect()
+}
+
+/// Training on two threads at once (the data-parallel trainer's workers are threads): while
+/// another thread trains an f64 model, the same f32 pass, repeated, gives every parameter its
+/// gradient and the same gradient every time. Without `graph`'s recording and exclusive backward
+/// Burn 0.21 lost a gradient within the first few passes in every one of five runs here.
+#[test]
+fn training_on_two_threads_keeps_every_gradient() {
+    let device = Default::default();
+    let task = Task::new(2000);
+    F32::seed(&device, 11);
+    let model: Mamba2TimeSeries<F32> = model_config().init(&device).unwrap();
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Tells the other thread to end when dropped, by a panic of this one too (the scope
+    /// would otherwise wait for it forever).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stopped = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            while !stopped.load(Ordering::Relaxed) {
+                loss_falls_within::<F64>("the other thread", 40, 10.0);
+            }
+        });
+        let stop = Stop(&stopped);
+        let mut differ = Vec::new();
+        for k in 0..4 {
+            let first = gradients_of(&model, &task, k);
+            for _ in 0..40 {
+                let again = gradients_of(&model, &task, k);
+                differ.extend(first.iter().zip(&again).filter(|(a, b)| a.1 != b.1).map(|(a, _)| format!("batch {k}: {}", a.0)));
+            }
+        }
+        drop(stop);
+        other.join().unwrap();
+        assert!(differ.is_empty(), "gradients that changed between identical passes: {differ:?}");
+    });
 }

@@ -27,10 +27,12 @@ fn loss_and_grads<B: AutodiffBackend>(
     let init = raw.init.as_ref().map(|s| s.tensor::<B, 4>(device).require_grad());
     let input =
         SsdInput { x: x.clone(), dt: dt.clone(), a: a.clone(), b: b.clone(), c: c.clone(), d: d.clone(), initial_state: init.clone() };
+    let building = mamba2_tensor::graph::recording();
     let out = scan(input).expect("valid input");
     let loss = weights.loss(out.y, out.final_state, device);
+    drop(building);
     let value = to_f64_vec(loss.clone())[0];
-    let grads = loss.backward();
+    let grads = mamba2_tensor::graph::backward(loss);
     let missing = |name: &str| -> ! { panic!("no gradient reached {name}") };
     let mut out = vec![
         ("x", to_f64_vec(x.grad(&grads).unwrap_or_else(|| missing("x")))),

@@ -12,7 +12,9 @@
 //! - [`repeat_interleave`]: groups to heads;
 //! - [`compare`]: reading results back as `f64` and the relative difference used by all tests;
 //!   [`from_f64_vec`], its inverse: host values into a tensor of the backend's float type;
-//! - [`rng`]: a seeded host-side generator whose draws do not depend on a backend.
+//! - [`rng`]: a seeded host-side generator whose draws do not depend on a backend;
+//! - [`graph`]: autodiff on several threads of one process without lost gradients (a
+//!   recording while a graph is built, an exclusive backward).
 //!
 //! Shape mistakes are reported as a [`ShapeError`] that carries the offending sizes.
 //!
@@ -35,6 +37,7 @@ mod activation;
 pub mod compare;
 mod conv;
 mod error;
+pub mod graph;
 mod host;
 mod norm;
 mod pad;

@@ -382,6 +382,9 @@ fn train_share<B: AutodiffBackend>(
             if batch.truth_rel.is_none() {
                 return Err(TrainError::Config { why: "a training batch needs the values that follow it".into() });
             }
+            // The workers of a process are threads, and Burn 0.21 loses gradients when one
+            // thread's backward overlaps another's graph building (see mamba2_tensor::graph).
+            let _building = mamba2_tensor::graph::recording();
             let loss = model.loss(batch, kind)?;
             Some(if weight == 1.0 { loss } else { loss.mul_scalar(weight) })
         }
@@ -394,7 +397,7 @@ fn train_share<B: AutodiffBackend>(
         return Err(TrainError::NonFinite { step: optim.steps(), what: format!("loss is {value}") });
     }
     // An empty share adds nothing: the sum takes zeros for every parameter it has no gradient of.
-    let own = loss.map_or_else(GradientsParams::new, |loss| GradientsParams::from_grads(loss.backward(), &model));
+    let own = loss.map_or_else(GradientsParams::new, |loss| GradientsParams::from_grads(mamba2_tensor::graph::backward(loss), &model));
     let grads = peer.sum_grads(&model, own)?;
     let (next, report) = optim.step(lr, model, grads).map_err(|e| match e {
         OptimError::NonFinite { path, step } => TrainError::NonFinite { step, what: format!("gradient of {path}") },

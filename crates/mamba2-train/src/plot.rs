@@ -59,8 +59,38 @@ fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
-/// The corner of the plot with the fewest points under where the legend would sit.
-fn legend_corner(points: &[(f64, f64)], (x0, x1): (f64, f64), (y0, y1): (f64, f64)) -> SeriesLabelPosition {
+/// The points of every line and 16 more along each of its segments, so that a legend placed
+/// clear of them is clear of the lines too, not only of their markers.
+fn traced(chart: &Chart) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    for l in &chart.lines {
+        let pts: Vec<(f64, f64)> = l.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
+        out.extend(pts.windows(2).flat_map(|w| {
+            let ((xa, ya), (xb, yb)) = (w[0], w[1]);
+            (0..17).map(move |k| {
+                let t = f64::from(k) / 17.0;
+                (xa + t * (xb - xa), ya + t * (yb - ya))
+            })
+        }));
+        out.extend(pts.last());
+    }
+    out
+}
+
+/// Where the legend goes, and the y range to draw: the corner of the plot with no points under
+/// where the legend would sit, and when every corner has some, the upper right of a y range
+/// raised by the legend's share, so that the legend never hides a line.
+fn legend_place(points: &[(f64, f64)], x: (f64, f64), (y0, y1): (f64, f64)) -> (SeriesLabelPosition, (f64, f64)) {
+    let (corner, covered) = legend_corner(points, x, (y0, y1));
+    if covered == 0 {
+        return (corner, (y0, y1));
+    }
+    // The top 30 % of [y0, top] is above every point when top - y1 = 0.3 (top - y0).
+    (SeriesLabelPosition::UpperRight, (y0, (y1 - 0.3 * y0) / 0.7))
+}
+
+/// The corner of the plot with the fewest points under where the legend would sit, and how many.
+fn legend_corner(points: &[(f64, f64)], (x0, x1): (f64, f64), (y0, y1): (f64, f64)) -> (SeriesLabelPosition, usize) {
     let (fx, fy) = ((x1 - x0) * 0.4, (y1 - y0) * 0.3);
     let corners = [
         (SeriesLabelPosition::UpperRight, x1 - fx, x1, y1 - fy, y1),
@@ -73,7 +103,7 @@ fn legend_corner(points: &[(f64, f64)], (x0, x1): (f64, f64), (y0, y1): (f64, f6
     };
     // The first corner wins ties, so an empty upper right is where legends usually are.
     let best = corners.iter().min_by_key(|c| under(c)).expect("four corners");
-    best.0.clone()
+    (best.0.clone(), under(best))
 }
 
 /// Draws `chart` on a white `width x height` canvas and writes it to `path` as a PNG,
@@ -86,7 +116,8 @@ pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), T
     }
     let points = || chart.lines.iter().flat_map(|l| l.points.iter().copied()).filter(|(x, y)| x.is_finite() && y.is_finite());
     let (x0, x1) = bounds(points().map(|p| p.0).chain(chart.marks.iter().map(|m| m.0))).ok_or_else(|| fail("nothing to draw".into()))?;
-    let (y0, y1) = bounds(points().map(|p| p.1)).ok_or_else(|| fail("nothing to draw".into()))?;
+    let y = bounds(points().map(|p| p.1)).ok_or_else(|| fail("nothing to draw".into()))?;
+    let (legend, (y0, y1)) = legend_place(&traced(chart), (x0, x1), y);
     register_font();
     let mut px = vec![255u8; width as usize * height as usize * 3];
     {
@@ -148,7 +179,7 @@ pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), T
                 .label_font(("sans-serif", 12))
                 .background_style(WHITE.mix(0.85))
                 .border_style(RGBColor(180, 180, 180))
-                .position(legend_corner(&points().collect::<Vec<_>>(), (x0, x1), (y0, y1)))
+                .position(legend)
                 .draw()
                 .map_err(e)?;
         }
@@ -226,6 +257,35 @@ mod tests {
         assert_eq!((w, h), (480, 320));
         assert!(has_axes_and(&rgb, w, h, &[[200, 10, 10], [10, 10, 200]]));
         assert!(!has_axes_and(&vec![255; rgb.len()], w, h, &[]), "a blank canvas has no axes");
+    }
+
+    /// The legend takes an empty corner when there is one; when lines run through all four (a
+    /// loss curve falling from the upper left to the lower right, with a flat line across the
+    /// top), the y range grows until the upper right is empty.
+    #[test]
+    fn the_legend_never_sits_on_a_point() {
+        let x = (1.0, 10.0);
+        let falling: Vec<(f64, f64)> = (1..=10).map(|i| (i as f64, 1.0 / i as f64)).collect();
+        let (corner, y) = legend_place(&falling, x, (0.1, 1.0));
+        assert_eq!((corner, y), (SeriesLabelPosition::UpperRight, (0.1, 1.0)), "the upper right of a falling curve is empty");
+        let mut crowded = falling.clone();
+        crowded.extend((1..=10).map(|i| (i as f64, 0.95)));
+        crowded.push((1.0, 0.1));
+        assert!(legend_corner(&crowded, x, (0.1, 1.0)).1 > 0, "every corner has points");
+        let (corner, (y0, y1)) = legend_place(&crowded, x, (0.1, 1.0));
+        assert_eq!(corner, SeriesLabelPosition::UpperRight);
+        assert_eq!(y0, 0.1);
+        assert_eq!(legend_corner(&crowded, x, (y0, y1)), (SeriesLabelPosition::UpperRight, 0));
+        // A segment through a corner counts even where it has no point there: a V whose lowest
+        // point lies between the two lower corners crosses both.
+        let chart = Chart {
+            lines: vec![Line { label: "v", points: vec![(1.0, 1.0), (5.5, 0.1), (10.0, 1.0)], rgb: [0; 3], markers: false, dashed: false }],
+            ..Chart::default()
+        };
+        let dense = traced(&chart);
+        assert_eq!(dense.len(), 2 * 17 + 1);
+        assert_eq!(legend_corner(&chart.lines[0].points, x, (0.1, 1.0)), (SeriesLabelPosition::LowerRight, 0));
+        assert!(legend_corner(&dense, x, (0.1, 1.0)).1 > 0, "the V's arms run through every corner");
     }
 
     /// Too small a canvas, or nothing to draw, is a chart error naming the file, and writes

@@ -10,10 +10,12 @@
 //! and the backward two products and two scatters. `mamba2-train`'s `Forecaster::loss` runs it on
 //! the CPU backends and keeps the tensor version as the reference both are tested against.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use crate::buffers::{build_rows, sum_partials};
-use crate::float::HostFloat;
+use crate::float::{multiversion, reduce, HostFloat, LANES};
 use crate::matmul::{product, Mat};
 
 /// The sizes of a readout.
@@ -139,6 +141,53 @@ fn check<T>(p: &ReadoutPlan<T>) {
     }
 }
 
+multiversion! {
+    /// The sums of the squares and of the absolute values of one row of errors `e`, which it
+    /// overwrites with the loss's derivative `two_mse * e + mae * sign(e)`.
+    fn loss_row<T>(e: &mut [T], two_mse: T, mae: T) -> (T, T) {
+        let (sq, ab) = ([T::zero(); LANES], [T::zero(); LANES]);
+        let (mut sq, mut ab) = (sq, ab);
+        let (chunks, rest) = e.as_chunks_mut::<LANES>();
+        for chunk in chunks {
+            for l in 0..LANES {
+                let v = chunk[l];
+                sq[l] = sq[l] + v * v;
+                ab[l] = ab[l] + v.abs();
+                chunk[l] = two_mse * v + mae * sign(v);
+            }
+        }
+        let (mut sq, mut ab) = (reduce(sq), reduce(ab));
+        for v in rest {
+            sq = sq + *v * *v;
+            ab = ab + v.abs();
+            *v = two_mse * *v + mae * sign(*v);
+        }
+        (sq, ab)
+    }
+}
+
+/// -1, 0 or 1 (`signum` gives 1 at zero, where the absolute value's derivative is taken as 0).
+#[inline(always)]
+fn sign<T: HostFloat>(v: T) -> T {
+    if v > T::zero() {
+        T::one()
+    } else if v < T::zero() {
+        -T::one()
+    } else {
+        T::zero()
+    }
+}
+
+/// The phase after `phase` in a cycle of `period` rows.
+#[inline]
+fn next_phase(phase: usize, period: usize) -> usize {
+    if phase + 1 == period {
+        0
+    } else {
+        phase + 1
+    }
+}
+
 /// The loss, and (with `keep`) what [`backward`] needs.
 pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<ReadoutSaved<T>>) {
     check(p);
@@ -173,31 +222,26 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
                 let r = task * ROWS_PER_TASK + i;
                 let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
                 let truth = &p.truth[r * h..(r + 1) * h];
-                let cycle = p.cycle.map(|c| {
+                // The phase ahead advances by one per step and wraps without a division.
+                let mut cycle = p.cycle.map(|c| {
                     let now = c.now[r] as usize;
-                    (c, (now / c.period) * c.period, now % c.period, c.q[now])
+                    let series = &c.q[(now / c.period) * c.period..][..c.period];
+                    (series, next_phase(now % c.period, c.period), c.q[now])
                 });
                 for (s, v) in row.iter_mut().enumerate() {
                     let mut f = *v;
                     if let Some(scale) = scale {
                         f = f * scale[s];
                     }
-                    if let Some((c, base, phase, q_now)) = cycle {
-                        f = f + c.q[base + (phase + s + 1) % c.period] - q_now;
+                    if let Some((series, ahead, q_now)) = &mut cycle {
+                        f = f + series[*ahead] - *q_now;
+                        *ahead = next_phase(*ahead, series.len());
                     }
-                    let e = f - truth[s];
-                    let e64 = e.to_f64().expect("a float");
-                    sq += e64 * e64;
-                    ab += e64.abs();
-                    let sign = if e > T::zero() {
-                        T::one()
-                    } else if e < T::zero() {
-                        -T::one()
-                    } else {
-                        T::zero()
-                    };
-                    *v = two_mse * e + mae * sign;
+                    *v = f - truth[s];
                 }
+                let (row_sq, row_ab) = loss_row(row, two_mse, mae);
+                sq += row_sq.to_f64().expect("a float");
+                ab += row_ab.to_f64().expect("a float");
             }
             (sq, ab)
         })
@@ -212,21 +256,28 @@ pub fn backward<T: HostFloat>(p: &ReadoutPlan<T>, saved: &ReadoutSaved<T>, gloss
     check(p);
     let d = p.dims;
     let (m, h, k, dm) = (d.rows(), d.horizon, d.width(), d.d_model);
-    // The derivative with respect to the product, before the scale.
-    let ([gy], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [h], |first, [block]| {
-        let src = &saved.dloss[first * h..first * h + block.len()];
-        match p.scale {
-            Some(s) => {
-                let s = &s[first * h..first * h + block.len()];
+    // The derivative with respect to the product, before the scale. Without a scale it is the
+    // saved derivative itself, and `gloss` multiplies the small results instead of it.
+    let (gy, factor) = match p.scale {
+        Some(s) => {
+            let ([gy], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [h], |first, [block]| {
+                let (src, s) = (&saved.dloss[first * h..first * h + block.len()], &s[first * h..first * h + block.len()]);
                 for ((o, &g), &s) in block.iter_mut().zip(src).zip(s) {
                     *o = g * s * gloss;
                 }
-            }
-            None => block.iter_mut().zip(src).for_each(|(o, &g)| *o = g * gloss),
+            });
+            (Cow::Owned(gy), T::one())
         }
-    });
-    let gw = product(k, h, m, Mat::transposed(&saved.x, k), Mat::rows(&gy, h));
-    let gx = product(m, dm, h, Mat::rows(&gy, h), Mat::transposed(p.head_w, h));
+        None => (Cow::Borrowed(&saved.dloss[..]), gloss),
+    };
+    let mut gw = product(k, h, m, Mat::transposed(&saved.x, k), Mat::rows(&gy, h));
+    let head_w: Cow<[T]> = if factor == T::one() {
+        Cow::Borrowed(p.head_w)
+    } else {
+        gw.iter_mut().for_each(|v| *v = *v * factor);
+        Cow::Owned(p.head_w.iter().map(|&w| w * factor).collect())
+    };
+    let gx = product(m, dm, h, Mat::rows(&gy, h), Mat::transposed(&head_w, h));
     // Each sequence's rows of the stack's gradient, zero but at its scored rows.
     let ([hidden], _) = build_rows::<T, (), 1>(d.n_seq, 1, [d.len * dm], |s, [block]| {
         for j in 0..d.n_pos {
@@ -242,22 +293,33 @@ pub fn backward<T: HostFloat>(p: &ReadoutPlan<T>, saved: &ReadoutSaved<T>, gloss
                 .enumerate()
                 .map(|(task, block)| {
                     let mut part = vec![T::zero(); c.q.len()];
+                    // Steps a whole period apart land on the same phase: each row is folded
+                    // onto one period first (vector additions), then scattered `period` times
+                    // rather than `H` times.
+                    let mut fold = vec![T::zero(); c.period];
                     for (i, row) in block.chunks(h).enumerate() {
                         let now = c.now[task * ROWS_PER_TASK * 16 + i] as usize;
-                        let (base, phase) = ((now / c.period) * c.period, now % c.period);
+                        let base = (now / c.period) * c.period;
+                        fold.fill(T::zero());
+                        for piece in row.chunks(c.period) {
+                            fold.iter_mut().zip(piece).for_each(|(f, &g)| *f = *f + g);
+                        }
+                        let mut ahead = next_phase(now % c.period, c.period);
                         let mut total = T::zero();
-                        for (s, &g) in row.iter().enumerate() {
-                            let g = g * gloss;
-                            let ahead = base + (phase + s + 1) % c.period;
-                            part[ahead] = part[ahead] + g;
-                            total = total + g;
+                        let series = &mut part[base..base + c.period];
+                        for &f in &fold {
+                            series[ahead] = series[ahead] + f;
+                            ahead = next_phase(ahead, c.period);
+                            total = total + f;
                         }
                         part[now] = part[now] - total;
                     }
                     part
                 })
                 .collect();
-            sum_partials(parts, c.q.len())
+            let mut q = sum_partials(parts, c.q.len());
+            q.iter_mut().for_each(|v| *v = *v * gloss);
+            q
         }
         None => Vec::new(),
     };
@@ -283,55 +345,60 @@ mod tests {
         let (period, q) = (5, wave(2 * 5, 0.9));
         let now: Vec<i64> = (0..m).map(|r| ((r % 2) * period + (r * 3) % period) as i64).collect();
         let loss = LossWeights { mse: 0.7, mae: 1.3 };
-        let direct_loss = |hidden: &[f64], head_w: &[f64], direct_w: &[f64], q: &[f64]| {
-            let mut total = 0.0;
-            for r in 0..m {
-                let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
-                for s in 0..d.horizon {
-                    let mut f = (0..d.d_model).map(|i| hidden[at * d.d_model + i] * head_w[i * d.horizon + s]).sum::<f64>();
-                    f += (0..d.n_feat).map(|i| inputs[at * d.n_feat + i] * direct_w[i * d.horizon + s]).sum::<f64>();
-                    let (base, phase) = ((now[r] as usize / period) * period, now[r] as usize % period);
-                    let e =
-                        f * scale[r * d.horizon + s] + q[base + (phase + s + 1) % period] - q[now[r] as usize] - truth[r * d.horizon + s];
-                    total += loss.mse * e * e + loss.mae * e.abs();
+        // With and without the scale (without it, `gloss` multiplies the results instead).
+        for scaled in [true, false] {
+            let scale: Vec<f64> = if scaled { scale.clone() } else { vec![1.0; m * d.horizon] };
+            let direct_loss = |hidden: &[f64], head_w: &[f64], direct_w: &[f64], q: &[f64]| {
+                let mut total = 0.0;
+                for r in 0..m {
+                    let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
+                    for s in 0..d.horizon {
+                        let mut f = (0..d.d_model).map(|i| hidden[at * d.d_model + i] * head_w[i * d.horizon + s]).sum::<f64>();
+                        f += (0..d.n_feat).map(|i| inputs[at * d.n_feat + i] * direct_w[i * d.horizon + s]).sum::<f64>();
+                        let (base, phase) = ((now[r] as usize / period) * period, now[r] as usize % period);
+                        let e = f * scale[r * d.horizon + s] + q[base + (phase + s + 1) % period]
+                            - q[now[r] as usize]
+                            - truth[r * d.horizon + s];
+                        total += loss.mse * e * e + loss.mae * e.abs();
+                    }
+                }
+                total / (m * d.horizon) as f64
+            };
+            let plan = ReadoutPlan {
+                dims: d,
+                hidden: &hidden,
+                head_w: &head_w,
+                direct: Some((&inputs, &direct_w)),
+                scale: scaled.then_some(&scale[..]),
+                cycle: Some(CycleRef { q: &q, now: &now, period }),
+                truth: &truth,
+                loss,
+            };
+            let (value, saved) = forward(&plan, true);
+            let want = direct_loss(&hidden, &head_w, &direct_w, &q);
+            assert!((value - want).abs() <= 1e-14 * want, "loss {value} vs {want}");
+            let g = backward(&plan, &saved.unwrap(), 2.0);
+            let eps = 1e-6;
+            let numeric = |which: usize, i: usize| {
+                let mut args = [hidden.clone(), head_w.clone(), direct_w.clone(), q.clone()];
+                args[which][i] += eps;
+                let up = direct_loss(&args[0], &args[1], &args[2], &args[3]);
+                args[which][i] -= 2.0 * eps;
+                let down = direct_loss(&args[0], &args[1], &args[2], &args[3]);
+                2.0 * (up - down) / (2.0 * eps)
+            };
+            for (which, got) in [&g.hidden, &g.head_w, &g.direct_w, &g.q].into_iter().enumerate() {
+                for (i, &v) in got.iter().enumerate() {
+                    let n = numeric(which, i);
+                    assert!((v - n).abs() <= 1e-7 * (1.0 + n.abs()), "input {which}, element {i}: {v} vs {n}");
                 }
             }
-            total / (m * d.horizon) as f64
-        };
-        let plan = ReadoutPlan {
-            dims: d,
-            hidden: &hidden,
-            head_w: &head_w,
-            direct: Some((&inputs, &direct_w)),
-            scale: Some(&scale),
-            cycle: Some(CycleRef { q: &q, now: &now, period }),
-            truth: &truth,
-            loss,
-        };
-        let (value, saved) = forward(&plan, true);
-        let want = direct_loss(&hidden, &head_w, &direct_w, &q);
-        assert!((value - want).abs() <= 1e-14 * want, "loss {value} vs {want}");
-        let g = backward(&plan, &saved.unwrap(), 2.0);
-        let eps = 1e-6;
-        let numeric = |which: usize, i: usize| {
-            let mut args = [hidden.clone(), head_w.clone(), direct_w.clone(), q.clone()];
-            args[which][i] += eps;
-            let up = direct_loss(&args[0], &args[1], &args[2], &args[3]);
-            args[which][i] -= 2.0 * eps;
-            let down = direct_loss(&args[0], &args[1], &args[2], &args[3]);
-            2.0 * (up - down) / (2.0 * eps)
-        };
-        for (which, got) in [&g.hidden, &g.head_w, &g.direct_w, &g.q].into_iter().enumerate() {
-            for (i, &v) in got.iter().enumerate() {
-                let n = numeric(which, i);
-                assert!((v - n).abs() <= 1e-7 * (1.0 + n.abs()), "input {which}, element {i}: {v} vs {n}");
-            }
-        }
-        // The unscored rows get no gradient at all.
-        let scored = |row: usize| (0..d.n_pos).any(|j| d.position(j) == row);
-        for (i, &v) in g.hidden.iter().enumerate() {
-            if !scored((i / d.d_model) % d.len) {
-                assert_eq!(v, 0.0, "element {i}");
+            // The unscored rows get no gradient at all.
+            let scored = |row: usize| (0..d.n_pos).any(|j| d.position(j) == row);
+            for (i, &v) in g.hidden.iter().enumerate() {
+                if !scored((i / d.d_model) % d.len) {
+                    assert_eq!(v, 0.0, "element {i}");
+                }
             }
         }
     }

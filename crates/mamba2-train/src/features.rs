@@ -160,6 +160,13 @@ impl RowEncoder {
     /// inputs (`n_feat` values per series, series after series) into `inputs`, and its
     /// references into `refs`.
     pub fn push(&mut self, row: &[f64], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
+        let f_n = self.map.n_feat();
+        self.push_strided(row, clock, inputs, f_n, refs);
+    }
+
+    /// [`push`](Self::push) with series `c`'s inputs written at `inputs[c * stride..]` in the
+    /// element type `E`: training windows write each row straight into its place in the batch.
+    pub(crate) fn push_strided<E: Element>(&mut self, row: &[f64], clock: i64, inputs: &mut [E], stride: usize, refs: &mut [RowRef]) {
         let m = &self.map;
         let f_n = m.n_feat();
         let t_n = m.targets.len();
@@ -184,18 +191,28 @@ impl RowEncoder {
                 recent.pop_front();
             }
             recent.push_back(x);
-            let out = &mut inputs[c * f_n..(c + 1) * f_n];
-            let oldest = recent[0];
-            // Newest first; before the history's first row, its first row again.
-            let mut back = recent.iter().rev().copied().chain(std::iter::repeat(oldest));
-            for o in out[..m.patch].iter_mut() {
-                *o = (back.next().unwrap_or(oldest) - mean) / sd;
+            let out = &mut inputs[c * stride..c * stride + f_n];
+            // Newest first; before the history's first row, its first row again. The kept
+            // values are read as the deque's two slices so that the loops vectorise.
+            let (older, newer) = recent.as_slices();
+            // One division per row, not one per value.
+            let inv = 1.0 / sd;
+            let (patch, rest) = out[..m.patch].split_at_mut(newer.len().min(m.patch));
+            for (o, &v) in patch.iter_mut().zip(newer.iter().rev()) {
+                *o = E::from_elem((v - mean) * inv);
             }
-            out[m.patch..m.patch + shared.len()].copy_from_slice(&shared);
+            let (patch, rest) = rest.split_at_mut(older.len().min(rest.len()));
+            for (o, &v) in patch.iter_mut().zip(older.iter().rev()) {
+                *o = E::from_elem((v - mean) * inv);
+            }
+            rest.fill(E::from_elem((recent[0] - mean) * inv));
+            for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(&shared) {
+                *o = E::from_elem(v);
+            }
             if m.series_code {
                 let code = &mut out[m.patch + shared.len()..];
-                code.fill(0.0);
-                code[c] = 1.0;
+                code.fill(E::from_elem(0.0));
+                code[c] = E::from_elem(1.0);
             }
             let cycle_row = if m.cycle_period > 0 { (c * m.cycle_period) as i64 + clock.rem_euclid(m.cycle_period as i64) } else { 0 };
             refs[c] = RowRef { level: x, scale: sd, cycle_row };
@@ -255,17 +272,19 @@ impl FeatureMap {
             .zip(b.truth.par_chunks_mut(if with_truth { per(t_n * n_pos * h) } else { per(t_n) }))
             .zip(starts.par_iter());
         pieces.for_each(|(((((inputs, level), scale), cycle_now), truth), &s)| {
-            let mut row_inputs = vec![0.0; t_n * f_n];
             let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
             let mut enc = RowEncoder::new(self);
+            // Each target's values after the history, in one slice: the truth of every forecast
+            // position is then a copy, not `H` lookups through the rows.
+            let ahead: Vec<Vec<f64>> = if with_truth {
+                self.targets.iter().map(|&j| rows[s + 1..s + len + h].iter().map(|row| row[j]).collect()).collect()
+            } else {
+                Vec::new()
+            };
             for p in 0..len {
                 let r = s + p;
-                enc.push(&rows[r], clock[r], &mut row_inputs, &mut refs);
+                enc.push_strided(&rows[r], clock[r], &mut inputs[p * f_n..], len * f_n, &mut refs);
                 for c in 0..t_n {
-                    let at = (c * len + p) * f_n;
-                    for (o, &v) in inputs[at..at + f_n].iter_mut().zip(&row_inputs[c * f_n..(c + 1) * f_n]) {
-                        *o = E::from_elem(v);
-                    }
                     let back = len - 1 - p;
                     if !back.is_multiple_of(every) || back / every >= n_pos {
                         continue;
@@ -275,10 +294,7 @@ impl FeatureMap {
                     scale[q] = refs[c].scale;
                     cycle_now[q] = refs[c].cycle_row;
                     if with_truth {
-                        let j = self.targets[c];
-                        for k in 0..h {
-                            truth[q * h + k] = rows[r + 1 + k][j];
-                        }
+                        truth[q * h..(q + 1) * h].copy_from_slice(&ahead[c][p..p + h]);
                     }
                 }
             }

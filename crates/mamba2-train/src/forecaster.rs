@@ -13,6 +13,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Element;
 use mamba2_model::{ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::calendar::Calendar;
@@ -290,9 +291,20 @@ impl<E: Element> HostBatch<E> {
         let (n, p, h) = (self.n_seq, self.n_pos, horizon);
         let tensor = |v: Vec<E>, shape: [usize; 3]| Tensor::<B, 3>::from_data(TensorData::new(v, shape), device);
         let scaled = self.scale.iter().any(|&s| s != 1.0);
-        let repeat = |v: &[f64]| v.iter().flat_map(|&x| std::iter::repeat_n(E::from_elem(x), h)).collect::<Vec<E>>();
+        // A million values each at the default shape: written in parallel, in place.
+        let per_position = |fill: &(dyn Fn(usize, &mut [E]) + Sync)| {
+            let mut out = vec![E::from_elem(0.0); self.level.len() * h];
+            out.par_chunks_mut(h.max(1)).enumerate().for_each(|(q, o)| fill(q, o));
+            out
+        };
+        let repeat = |v: &[f64]| per_position(&|q, o| o.fill(E::from_elem(v[q])));
         let rel = |truth: &[f64]| {
-            truth.chunks(h).zip(&self.level).flat_map(|(t, &l)| t.iter().map(move |v| E::from_elem(v - l))).collect::<Vec<E>>()
+            per_position(&|q, o| {
+                let l = self.level[q];
+                for (o, &t) in o.iter_mut().zip(&truth[q * h..(q + 1) * h]) {
+                    *o = E::from_elem(t - l);
+                }
+            })
         };
         Batch {
             inputs: tensor(self.inputs, [n, self.len, self.n_feat]),

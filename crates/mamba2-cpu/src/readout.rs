@@ -145,8 +145,7 @@ multiversion! {
     /// The sums of the squares and of the absolute values of one row of errors `e`, which it
     /// overwrites with the loss's derivative `two_mse * e + mae * sign(e)`.
     fn loss_row<T>(e: &mut [T], two_mse: T, mae: T) -> (T, T) {
-        let (sq, ab) = ([T::zero(); LANES], [T::zero(); LANES]);
-        let (mut sq, mut ab) = (sq, ab);
+        let (mut sq, mut ab) = ([T::zero(); LANES], [T::zero(); LANES]);
         let (chunks, rest) = e.as_chunks_mut::<LANES>();
         for chunk in chunks {
             for l in 0..LANES {

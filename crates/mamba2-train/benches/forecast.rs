@@ -24,28 +24,14 @@ use burn::tensor::Distribution;
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{ColumnChoice, Scaler, Table};
 use mamba2_train::{train_step, train_workers, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
 
+#[path = "common/etth1.rs"]
+mod etth1;
+
+use etth1::{etth1, Data};
+
 type B = Autodiff<Flex>;
-
-const ETTH1: &str = include_str!("../../../data/ett/ETTh1.csv");
-
-struct Data {
-    rows: Vec<Vec<f64>>,
-    clock: Vec<i64>,
-    columns: Vec<String>,
-    calendar: Option<Calendar>,
-}
-
-fn etth1() -> Data {
-    let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).unwrap();
-    let calendar = table.times.as_deref().and_then(Calendar::detect);
-    let clock = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
-    let scaler = Scaler::fit(&table.rows[..8640], &table.columns).unwrap();
-    Data { rows: scaler.transform(&table.rows, &table.columns).unwrap(), clock, columns: table.columns.clone(), calendar }
-}
 
 fn config(data: &Data, lookback: usize) -> ForecasterConfig {
     ForecasterConfig::defaults(lookback, 96, data.columns.clone(), data.columns.clone(), data.calendar.clone())
@@ -119,13 +105,11 @@ fn stream_rows(c: &mut Criterion) {
 
 fn workers(c: &mut Criterion) {
     let data = etth1();
-    let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).unwrap();
-    let scaler = Scaler::fit(&table.rows[..8640], &table.columns).unwrap();
     // 16 steps of 32 windows from the training rows, and 16 validation windows.
     let (l, h) = (96, 96);
     let prepared = Prepared {
         rows: data.rows.clone(),
-        scaler,
+        scaler: data.scaler.clone(),
         ranges: [(0, 32 * 16 + l + h - 1), (8640 - l, 8640 + 16 + h - 1), (8640 + 16 + h - 1, data.rows.len())],
         targets: (0..data.columns.len()).collect(),
         clock: data.clock.clone(),

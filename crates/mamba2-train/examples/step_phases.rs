@@ -18,13 +18,14 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{ColumnChoice, Scaler, Table};
 use mamba2_train::{ForecasterConfig, TrainConfig};
 
-type B = Autodiff<Flex>;
+#[path = "../benches/common/etth1.rs"]
+mod etth1;
 
-const ETTH1: &str = include_str!("../../../data/ett/ETTh1.csv");
+use etth1::etth1;
+
+type B = Autodiff<Flex>;
 
 const PHASES: [&str; 11] = [
     "forecaster: build the batch",
@@ -43,13 +44,8 @@ const PHASES: [&str; 11] = [
 fn main() {
     mamba2_train::keep_freed_memory();
     let rounds: usize = std::env::args().nth(1).map_or(30, |a| a.parse().expect("rounds: a whole number"));
-    let table = Table::from_csv_str(ETTH1, "ETTh1", &ColumnChoice::default()).expect("the embedded ETTh1 parses");
-    let calendar = table.times.as_deref().and_then(Calendar::detect);
-    let cal = calendar.clone().expect("ETTh1 has an hourly calendar");
-    let clock: Vec<i64> = table.times.as_ref().expect("ETTh1 has dates").iter().map(|&t| cal.clock(t)).collect();
-    let scaler = Scaler::fit(&table.rows[..8640], &table.columns).expect("training rows");
-    let rows = scaler.transform(&table.rows, &table.columns).expect("same columns");
-    let config = ForecasterConfig::defaults(96, 96, table.columns.clone(), table.columns.clone(), calendar);
+    let data = etth1();
+    let config = ForecasterConfig::defaults(96, 96, data.columns.clone(), data.columns.clone(), data.calendar.clone());
     let tc = TrainConfig::default();
     let device = Default::default();
     B::seed(&device, 0);
@@ -66,7 +62,7 @@ fn main() {
     let mut stack_optim = AdamW::new(adamw, &stack).expect("a valid optimizer");
     let mut stack = Some(stack);
     let x =
-        Tensor::<B, 3>::random([starts.len() * table.columns.len(), 96, config.backbone.d_model], Distribution::Normal(0.0, 1.0), &device);
+        Tensor::<B, 3>::random([starts.len() * data.columns.len(), 96, config.backbone.d_model], Distribution::Normal(0.0, 1.0), &device);
 
     let warm_up = 3;
     let mut total = [0f64; PHASES.len()];
@@ -79,7 +75,7 @@ fn main() {
             }
             last = now;
         };
-        let host = map.build::<f32>(&rows, &clock, &starts, 96, n_pos, tc.loss_every);
+        let host = map.build::<f32>(&data.rows, &data.clock, &starts, 96, n_pos, tc.loss_every);
         lap(0);
         let batch = host.into_device(96, &device);
         lap(1);

@@ -9,6 +9,8 @@
 //!   input, optional state and weights); the output is packed `[y | final state | conv tail]`.
 //! - [`Streaming`] and [`StreamingState`]: the per-row step, with no allocation per step.
 //! - [`Dims`]: the sizes, and the layout of a mixer's columns that every pass reads through.
+//! - [`linear`]: a linear layer over the rows of a batch and its gradients, its weight's
+//!   gradient summed in shares of the rows on the thread pool.
 //! - [`readout`]: a forecaster's linear heads and training loss over the scored rows, and their
 //!   gradients, in one pass (the forecaster in `mamba2-train` calls it).
 //!
@@ -58,6 +60,7 @@ mod forward;
 mod helper;
 pub mod layer;
 mod layout;
+pub mod linear;
 mod matmul;
 mod norm;
 pub mod readout;

@@ -54,8 +54,8 @@ impl<B: Backend> Mamba2TimeSeries<B> {
     /// # Shapes
     /// - `x`: `[batch, L, n_features]`; output: `[batch, L, n_outputs]`
     pub fn forward(&self, x: Tensor<B, 3>, state: Option<Mamba2State<B>>) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
-        let (h, state) = self.backbone.forward(self.input_proj.forward(x), state)?;
-        Ok((self.output_proj.forward(h), state))
+        let (h, state) = self.backbone.forward(crate::linear_rows(&self.input_proj, x), state)?;
+        Ok((crate::linear_rows(&self.output_proj, h), state))
     }
 
     /// The output for one new row per batch entry.

@@ -10,6 +10,7 @@
 //!   tensor's own precision (Burn's default sigmoid rounds through f32);
 //! - [`causal_conv1d`]: causal depthwise convolution over time with an optional left context;
 //! - [`repeat_interleave`]: groups to heads;
+//! - [`linear_rows`]: a `Linear` over every row of a batch as one matrix product;
 //! - [`compare`]: reading results back as `f64` and the relative difference used by all tests;
 //!   [`from_f64_vec`], its inverse: host values into a tensor of the backend's float type;
 //! - [`rng`]: a seeded host-side generator whose draws do not depend on a backend;
@@ -39,6 +40,7 @@ mod conv;
 mod error;
 pub mod graph;
 mod host;
+mod linear;
 mod norm;
 mod pad;
 mod repeat;
@@ -49,6 +51,7 @@ pub use activation::{inverse_softplus, sigmoid, silu, softplus, SOFTPLUS_THRESHO
 pub use conv::causal_conv1d;
 pub use error::{expect_divides, expect_positive, expect_shape, ShapeError};
 pub use host::from_f64_vec;
+pub use linear::linear_rows;
 pub use norm::{rms_norm_gated, GateOrder};
 pub use pad::pad_to_multiple;
 pub use repeat::repeat_interleave;

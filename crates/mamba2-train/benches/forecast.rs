@@ -24,6 +24,7 @@ use burn::tensor::Distribution;
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
+use mamba2_train::features::Truth;
 use mamba2_train::{train_step, train_workers, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
 
 #[path = "common/etth1.rs"]
@@ -55,7 +56,15 @@ fn train_steps(c: &mut Criterion) {
     group.bench_function("forecaster", |b| {
         b.iter(|| {
             let batch = map
-                .build::<f32>(&data.rows, &data.clock, &starts, 96, (96 - tc.loss_from).div_ceil(tc.loss_every), tc.loss_every)
+                .build::<f32>(
+                    &data.rows,
+                    &data.clock,
+                    &starts,
+                    96,
+                    (96 - tc.loss_from).div_ceil(tc.loss_every),
+                    tc.loss_every,
+                    Truth::Relative,
+                )
                 .into_device(96, &device);
             let (next, _, _) = train_step(slot.take().unwrap(), &mut optim, &batch, 1e-4, tc.loss).unwrap();
             slot = Some(next);

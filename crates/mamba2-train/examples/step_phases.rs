@@ -18,6 +18,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
+use mamba2_train::features::Truth;
 use mamba2_train::{ForecasterConfig, TrainConfig};
 
 #[path = "../benches/common/etth1.rs"]
@@ -75,7 +76,7 @@ fn main() {
             }
             last = now;
         };
-        let host = map.build::<f32>(&data.rows, &data.clock, &starts, 96, n_pos, tc.loss_every);
+        let host = map.build::<f32>(&data.rows, &data.clock, &starts, 96, n_pos, tc.loss_every, Truth::Relative);
         lap(0);
         let batch = host.into_device(96, &device);
         lap(1);

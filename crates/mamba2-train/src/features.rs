@@ -114,8 +114,23 @@ pub struct HostBatch<E> {
     /// `series * period + phase` of each forecast position, `[n_seq, n_pos]`, for the learned
     /// cycle (the steps ahead follow from the phase).
     pub cycle_now: Vec<i64>,
-    /// The values that followed each forecast position, `[n_seq, n_pos, H]`, where known.
+    /// The values that followed each forecast position, `[n_seq, n_pos, H]`, where known and
+    /// built with [`Truth::Values`].
     pub truth: Vec<f64>,
+    /// The values that followed each forecast position minus its level, `[n_seq, n_pos, H]`, in
+    /// the element type: what training fits, where known and built with [`Truth::Relative`].
+    pub truth_rel: Vec<E>,
+}
+
+/// How [`FeatureMap::build`] keeps the values that followed each forecast position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truth {
+    /// As they are, in f64 ([`HostBatch::truth`]): what evaluation compares forecasts with.
+    Values,
+    /// Minus the position's level, in the batch's element type ([`HostBatch::truth_rel`]): what
+    /// training fits. At the default shape that is 4 MB written, where the values would be 8 MB
+    /// and then 4 MB more converted from them.
+    Relative,
 }
 
 /// What one row gives each series besides its inputs.
@@ -232,7 +247,9 @@ impl FeatureMap {
     /// from a fresh [`RowEncoder`]), with `n_pos` forecast positions: the last row and one every
     /// `every` rows before it; and the values that followed them where `rows` has them all.
     ///
-    /// `clock` holds each row's calendar clock (used only with a calendar).
+    /// `clock` holds each row's calendar clock (used only with a calendar); `truth` says how the
+    /// values that followed are kept.
+    #[allow(clippy::too_many_arguments)]
     pub fn build<E: Element>(
         &self,
         rows: &[Vec<f64>],
@@ -241,6 +258,7 @@ impl FeatureMap {
         len: usize,
         n_pos: usize,
         every: usize,
+        truth: Truth,
     ) -> HostBatch<E> {
         let (t_n, f_n, h) = (self.targets.len(), self.n_feat(), self.horizon);
         let every = every.max(1);
@@ -248,18 +266,21 @@ impl FeatureMap {
         let n_seq = starts.len() * t_n;
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
         let cycled = self.cycle_period > 0;
+        let (absolute, relative) = (with_truth && truth == Truth::Values, with_truth && truth == Truth::Relative);
         let mut b = HostBatch {
             n_seq,
             len,
             n_feat: f_n,
             n_pos,
             every,
-            inputs: vec![E::from_elem(0.0); n_seq * len * f_n],
+            // Zeroed by the pool (9 MB at the default shape), then every value overwritten.
+            inputs: rayon::iter::repeat_n(E::from_elem(0.0), n_seq * len * f_n).collect(),
             level: vec![0.0; n_seq * n_pos],
             scale: vec![0.0; n_seq * n_pos],
             // Filled in pieces below whether or not they are wanted, and emptied after when not.
             cycle_now: vec![0; n_seq * n_pos],
-            truth: vec![0.0; if with_truth { n_seq * n_pos * h } else { n_seq }],
+            truth: vec![0.0; if absolute { n_seq * n_pos * h } else { n_seq }],
+            truth_rel: rayon::iter::repeat_n(E::from_elem(0.0), if relative { n_seq * n_pos * h } else { n_seq }).collect(),
         };
         // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
         let per = |v: usize| v.max(1);
@@ -269,9 +290,10 @@ impl FeatureMap {
             .zip(b.level.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.scale.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.cycle_now.par_chunks_mut(per(t_n * n_pos)))
-            .zip(b.truth.par_chunks_mut(if with_truth { per(t_n * n_pos * h) } else { per(t_n) }))
+            .zip(b.truth.par_chunks_mut(if absolute { per(t_n * n_pos * h) } else { per(t_n) }))
+            .zip(b.truth_rel.par_chunks_mut(if relative { per(t_n * n_pos * h) } else { per(t_n) }))
             .zip(starts.par_iter());
-        pieces.for_each(|(((((inputs, level), scale), cycle_now), truth), &s)| {
+        pieces.for_each(|((((((inputs, level), scale), cycle_now), truth), truth_rel), &s)| {
             let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
             let mut enc = RowEncoder::new(self);
             // Each target's values after the history, in one slice: the truth of every forecast
@@ -293,8 +315,13 @@ impl FeatureMap {
                     level[q] = refs[c].level;
                     scale[q] = refs[c].scale;
                     cycle_now[q] = refs[c].cycle_row;
-                    if with_truth {
+                    if absolute {
                         truth[q * h..(q + 1) * h].copy_from_slice(&ahead[c][p..p + h]);
+                    } else if relative {
+                        let l = refs[c].level;
+                        for (o, &t) in truth_rel[q * h..(q + 1) * h].iter_mut().zip(&ahead[c][p..p + h]) {
+                            *o = E::from_elem(t - l);
+                        }
                     }
                 }
             }
@@ -302,8 +329,11 @@ impl FeatureMap {
         if !cycled {
             b.cycle_now.clear();
         }
-        if !with_truth {
+        if !absolute {
             b.truth.clear();
+        }
+        if !relative {
+            b.truth_rel.clear();
         }
         b
     }
@@ -348,8 +378,8 @@ mod tests {
             horizon: 3,
             series_code: false,
         };
-        let a = map.build::<f64>(&rows, &clock, &[10], 40, 1, 1);
-        let b = map.build::<f64>(&rows, &clock, &[30], 20, 1, 1);
+        let a = map.build::<f64>(&rows, &clock, &[10], 40, 1, 1, Truth::Values);
+        let b = map.build::<f64>(&rows, &clock, &[30], 20, 1, 1, Truth::Values);
         assert_eq!(a.n_feat, 6);
         let last = |hb: &HostBatch<f64>| hb.inputs[(hb.len - 1) * hb.n_feat..hb.len * hb.n_feat].to_vec();
         for (x, y) in last(&a).iter().zip(last(&b)) {
@@ -366,12 +396,23 @@ mod tests {
             .push(rows[49][0]);
         assert!((a.scale[0] - sd).abs() < 1e-12);
         // A history that ends at the data's last row has no truth.
-        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1).truth.is_empty());
+        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Values).truth.is_empty());
         // Several histories at once give what each gives alone, in order.
-        let both = map.build::<f64>(&rows, &clock, &[10, 30], 20, 2, 1);
-        let (x, y) = (map.build::<f64>(&rows, &clock, &[10], 20, 2, 1), map.build::<f64>(&rows, &clock, &[30], 20, 2, 1));
+        let both = map.build::<f64>(&rows, &clock, &[10, 30], 20, 2, 1, Truth::Values);
+        let (x, y) = (
+            map.build::<f64>(&rows, &clock, &[10], 20, 2, 1, Truth::Values),
+            map.build::<f64>(&rows, &clock, &[30], 20, 2, 1, Truth::Values),
+        );
         assert_eq!(both.inputs, [x.inputs, y.inputs].concat());
         assert_eq!(both.truth, [x.truth, y.truth].concat());
         assert_eq!(both.cycle_now, [x.cycle_now, y.cycle_now].concat());
+        // Built for training, the same batch holds its truth relative to each position's level,
+        // and the same inputs.
+        let rel = map.build::<f64>(&rows, &clock, &[10, 30], 20, 2, 1, Truth::Relative);
+        assert!(rel.truth.is_empty() && both.truth_rel.is_empty());
+        assert_eq!((rel.inputs, rel.level.clone(), rel.scale, rel.cycle_now), (both.inputs, both.level, both.scale, both.cycle_now));
+        let want: Vec<f64> = both.truth.chunks(3).zip(&rel.level).flat_map(|(t, l)| t.iter().map(move |v| v - l)).collect();
+        assert_eq!(rel.truth_rel, want);
+        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Relative).truth_rel.is_empty());
     }
 }

@@ -12,12 +12,12 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Element;
-use mamba2_model::{ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
+use mamba2_model::{linear_rows, ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::calendar::Calendar;
-use crate::features::{FeatureMap, HostBatch};
+use crate::features::{FeatureMap, HostBatch, Truth};
 use crate::trainer::Loss;
 
 /// What the forecaster reads and predicts, and how.
@@ -311,7 +311,11 @@ impl<E: Element> HostBatch<E> {
             level: tensor(self.level.iter().map(|&v| E::from_elem(v)).collect(), [n, p, 1]),
             scale: scaled.then(|| tensor(repeat(&self.scale), [n, p, h])),
             cycle_now: (!self.cycle_now.is_empty()).then(|| int_tensor::<B>(&self.cycle_now, device)),
-            truth_rel: (!self.truth.is_empty()).then(|| tensor(rel(&self.truth), [n, p, h])),
+            truth_rel: if !self.truth_rel.is_empty() {
+                Some(tensor(self.truth_rel, [n, p, h]))
+            } else {
+                (!self.truth.is_empty()).then(|| tensor(rel(&self.truth), [n, p, h]))
+            },
             n_pos: p,
             positions: (self.every > 1)
                 .then(|| int_tensor::<B>(&(0..p).map(|j| (self.len - 1 - (p - 1 - j) * self.every) as i64).collect::<Vec<_>>(), device)),
@@ -360,10 +364,10 @@ impl<B: Backend> Forecaster<B> {
             None if p == len => t,
             None => t.narrow(1, len - p, p),
         };
-        let (hidden, _) = self.mamba.backbone.forward(self.mamba.input_proj.forward(batch.inputs.clone()), None)?;
-        let mut out = self.mamba.output_proj.forward(self.dropout.forward(last(hidden)));
+        let (hidden, _) = self.mamba.backbone.forward(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None)?;
+        let mut out = linear_rows(&self.mamba.output_proj, self.dropout.forward(last(hidden)));
         if let Some(d) = &self.direct {
-            out = out + d.forward(last(batch.inputs.clone()));
+            out = out + linear_rows(d, last(batch.inputs.clone()));
         }
         if let Some(scale) = &batch.scale {
             out = out * scale.clone();
@@ -401,7 +405,7 @@ impl<B: Backend> Forecaster<B> {
         }
         let [n, len, n_feat] = batch.inputs.dims();
         let (p, h, d) = (batch.n_pos, self.spec.horizon, self.mamba.output_proj.weight.dims()[0]);
-        let (hidden, _) = self.mamba.backbone.forward(self.mamba.input_proj.forward(batch.inputs.clone()), None)?;
+        let (hidden, _) = self.mamba.backbone.forward(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None)?;
         let flat = |t: Tensor<B, 2>| {
             let n = t.shape().num_elements();
             t.reshape([n])
@@ -464,7 +468,7 @@ impl<B: Backend> Forecaster<B> {
     /// scaled units of the data: what [`ForecastStream`](crate::ForecastStream) gives after
     /// the same rows. `clock` holds each row's calendar clock (ignored without a calendar).
     pub fn forecast_history(&self, rows: &[Vec<f64>], clock: &[i64], device: &B::Device) -> Result<Vec<f64>, ModelError> {
-        let hb = self.feature_map().build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1);
+        let hb = self.feature_map().build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values);
         let y = mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?);
         Ok(series_major_to_rows(&y, self.target_idx.len(), self.spec.horizon))
     }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{ErrorSums, ErrorTable, Scaler, Windows};
 use crate::ema::Ema;
+use crate::features::Truth;
 use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
 use crate::parallel::{Peer, Workers};
 use crate::TrainError;
@@ -278,7 +279,7 @@ fn train_batch<B: Backend>(
     let span = w.lookback - loss_from.min(w.lookback - 1);
     model
         .feature_map()
-        .build::<B::FloatElem>(&data.rows, &data.clock, &starts, w.lookback, span.div_ceil(every), every)
+        .build::<B::FloatElem>(&data.rows, &data.clock, &starts, w.lookback, span.div_ceil(every), every, Truth::Relative)
         .into_device(w.horizon, device)
 }
 
@@ -311,7 +312,7 @@ pub fn evaluate_table<B: Backend>(
     let mut table = ErrorTable::new(t_n, w.horizon);
     let starts: Vec<usize> = w.starts[..n].to_vec();
     for chunk in starts.chunks(batch_size) {
-        let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1);
+        let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1, Truth::Values);
         let truth = hb.truth.clone();
         let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(w.horizon, device))?);
         // Sequence `window * T + target`, each H values.
@@ -339,7 +340,7 @@ pub fn evaluate_continuous<B: Backend>(
         return Err(TrainError::Config { why: format!("rows {}..{} hold no window of lookback {l} and horizon {h}", range.0, range.1) });
     }
     // One history, rows 0..end, forecasts at its last end - first rows.
-    let hb = model.feature_map().build::<B::FloatElem>(rows, clock, &[0], end, end - first, 1);
+    let hb = model.feature_map().build::<B::FloatElem>(rows, clock, &[0], end, end - first, 1, Truth::Values);
     let truth = hb.truth.clone();
     let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(h, device))?);
     let mut sums = ErrorSums::default();

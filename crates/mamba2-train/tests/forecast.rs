@@ -4,6 +4,7 @@
 use burn::backend::{Autodiff, Flex, NdArray};
 use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
+use mamba2_train::features::Truth;
 use mamba2_train::{evaluate, train, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
 
 /// Two hourly series: a trend, a daily cycle whose shape differs per series, a slow wave, and
@@ -165,7 +166,15 @@ fn the_fused_loss_equals_the_tensor_loss() {
             config.spec.scale = scale;
             B::seed(&device, 11);
             let model = config.init::<B>(&device).unwrap().map(&mut Jitter);
-            let batch = model.feature_map().build::<B::FloatElem>(&rows, &clock, &[0, 37, 150, 300], 40, 40usize.div_ceil(every), every);
+            let batch = model.feature_map().build::<B::FloatElem>(
+                &rows,
+                &clock,
+                &[0, 37, 150, 300],
+                40,
+                40usize.div_ceil(every),
+                every,
+                Truth::Values,
+            );
             let batch = batch.into_device(7, &device);
             let building = mamba2_tensor::graph::recording();
             let fused = model.loss(&batch, kind).unwrap();

@@ -17,6 +17,7 @@ use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::calendar::Calendar;
 use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
+use mamba2_train::features::Truth;
 use mamba2_train::plot::{draw, Chart, Line};
 use mamba2_train::{
     evaluate, evaluate_table, train_parallel, Cluster, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir,
@@ -794,7 +795,7 @@ fn test_plots<B: burn::prelude::Backend>(
     let (actual, forecast): (Points, Points) = if h == 1 {
         // One-step forecasts over a stretch of the test split, each from its own window.
         let n = test.len().min(240);
-        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &test.starts[..n], l, 1, 1);
+        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &test.starts[..n], l, 1, 1, Truth::Values);
         let truth = hb.truth.clone();
         let pred = to_f64_vec(model.forward(&hb.into_device(1, device))?);
         forecast_title = format!("{name}: one-step forecasts over the first {n} test rows");
@@ -802,7 +803,7 @@ fn test_plots<B: burn::prelude::Backend>(
         (pick(&truth), pick(&pred))
     } else {
         let s = test.starts[0];
-        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &[s], l, 1, 1);
+        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &[s], l, 1, 1, Truth::Values);
         let pred = to_f64_vec(model.forward(&hb.into_device(h, device))?);
         forecast_title = format!("{name}: the forecast after the first test window (L {l}, H {h})");
         let actual = (0..l + h).map(|i| (i as f64 - (l as f64 - 1.0), units(test.rows[s + i][j]))).collect();

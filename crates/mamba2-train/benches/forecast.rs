@@ -3,7 +3,9 @@
 //! - `forecast/train_step/forecaster`: one optimizer step of the trainer (batch of 32 windows,
 //!   each of its 7 series a sequence: 224 sequences of 96 rows), batch building included;
 //! - `forecast/train_step/stack`: the bare `Mamba2Stack` train step at the same shape
-//!   (`[224, 96, d_model]`, loss `mean(h^2)`), the floor the forecaster's step is measured against;
+//!   (`[224, 96, d_model]`, loss `mean(h^2)`), the floor the forecaster's step is measured against.
+//!   Each measured step of either benchmark alternates with an unmeasured step of the other, so
+//!   that the two figures come from the same conditions of the machine;
 //! - `forecast/stream_row/L`: one incoming row through `ForecastStream` (f32, one thread) for a
 //!   model trained with lookback `L` = 96 and 512, after a history of 2,000 rows: the time per
 //!   row does not depend on `L`, since the recurrent state carries the history.
@@ -15,7 +17,7 @@
 //!
 //! `cargo bench -p mamba2-train --bench forecast`
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use burn::optim::GradientsParams;
@@ -38,54 +40,76 @@ fn config(data: &Data, lookback: usize) -> ForecasterConfig {
     ForecasterConfig::defaults(lookback, 96, data.columns.clone(), data.columns.clone(), data.calendar.clone())
 }
 
-fn train_steps(c: &mut Criterion) {
-    let data = etth1();
-    let device = Default::default();
-    let config = config(&data, 96);
-    let tc = TrainConfig::default();
-    let mut group = c.benchmark_group("forecast/train_step");
-    group.sample_size(20).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+/// The two steps being compared, each run by the closures below.
+struct Steps {
+    forecaster: Box<dyn FnMut()>,
+    stack: Box<dyn FnMut()>,
+}
 
+fn steps(data: &Data) -> Steps {
+    let device = Default::default();
+    let config = config(data, 96);
+    let tc = TrainConfig::default();
+    let adamw = AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..Default::default() };
     B::seed(&device, 0);
     let model = config.init::<B>(&device).unwrap();
-    let mut optim =
-        AdamW::new(AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..Default::default() }, &model).unwrap();
+    let mut optim = AdamW::new(adamw.clone(), &model).unwrap();
     let map = model.feature_map();
     let starts: Vec<usize> = (0..tc.batch_size).map(|i| 100 + 211 * i).collect();
+    let (rows, clock) = (data.rows.clone(), data.clock.clone());
     let mut slot = Some(model);
-    group.bench_function("forecaster", |b| {
-        b.iter(|| {
-            let batch = map
-                .build::<f32>(
-                    &data.rows,
-                    &data.clock,
-                    &starts,
-                    96,
-                    (96 - tc.loss_from).div_ceil(tc.loss_every),
-                    tc.loss_every,
-                    Truth::Relative,
-                )
-                .into_device(96, &device);
-            let (next, _, _) = train_step(slot.take().unwrap(), &mut optim, &batch, 1e-4, tc.loss).unwrap();
-            slot = Some(next);
-        })
-    });
+    let forecaster = move || {
+        let n_pos = (96 - tc.loss_from).div_ceil(tc.loss_every);
+        let batch = map.build::<f32>(&rows, &clock, &starts, 96, n_pos, tc.loss_every, Truth::Relative).into_device(96, &device);
+        let (next, _, _) = train_step(slot.take().unwrap(), &mut optim, &batch, 1e-4, tc.loss).unwrap();
+        slot = Some(next);
+    };
 
     let stack = Mamba2Stack::<B>::init(&config.backbone, &device).unwrap();
     let x =
         Tensor::<B, 3>::random([tc.batch_size * data.columns.len(), 96, config.backbone.d_model], Distribution::Normal(0.0, 1.0), &device);
-    let mut opt =
-        AdamW::new(AdamWConfig { weight_decay: tc.weight_decay, max_grad_norm: tc.max_grad_norm, ..Default::default() }, &stack).unwrap();
+    let mut opt = AdamW::new(adamw, &stack).unwrap();
     let mut slot = Some(stack);
-    group.bench_function("stack", |b| {
-        b.iter(|| {
-            let m = slot.take().unwrap();
-            let (h, _) = m.forward(x.clone(), None).unwrap();
-            let loss = h.powi_scalar(2).mean();
-            let grads = GradientsParams::from_grads(loss.backward(), &m);
-            slot = Some(opt.step(1e-4, m, grads).unwrap().0);
+    let stack = move || {
+        let m = slot.take().unwrap();
+        let (h, _) = m.forward(x.clone(), None).unwrap();
+        let loss = h.powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &m);
+        slot = Some(opt.step(1e-4, m, grads).unwrap().0);
+    };
+    Steps { forecaster: Box::new(forecaster), stack: Box::new(stack) }
+}
+
+fn train_steps(c: &mut Criterion) {
+    let data = etth1();
+    let mut group = c.benchmark_group("forecast/train_step");
+    group.sample_size(20).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+    let mut s = steps(&data);
+    // Each measured step is followed by one of the other kind, unmeasured: both benchmarks then
+    // sample the machine in the same conditions, step by step. Timed ten seconds apart instead,
+    // their ratio moved by 0.1-0.3 from one run to the next on a shared 2-core VM.
+    let mut alternate = |b: &mut criterion::Bencher, forecaster: bool| {
+        b.iter_custom(|iters| {
+            let mut measured = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                if forecaster {
+                    (s.forecaster)();
+                } else {
+                    (s.stack)();
+                }
+                measured += start.elapsed();
+                if forecaster {
+                    (s.stack)();
+                } else {
+                    (s.forecaster)();
+                }
+            }
+            measured
         })
-    });
+    };
+    group.bench_function("forecaster", |b| alternate(b, true));
+    group.bench_function("stack", |b| alternate(b, false));
     group.finish();
 }
 

@@ -247,8 +247,8 @@ impl FeatureMap {
     /// from a fresh [`RowEncoder`]), with `n_pos` forecast positions: the last row and one every
     /// `every` rows before it; and the values that followed them where `rows` has them all.
     ///
-    /// `clock` holds each row's calendar clock (used only with a calendar); `truth` says how the
-    /// values that followed are kept.
+    /// `clock` holds each row's calendar clock (used only with a calendar); `truth_as` says how
+    /// the values that followed are kept.
     #[allow(clippy::too_many_arguments)]
     pub fn build<E: Element>(
         &self,
@@ -258,7 +258,7 @@ impl FeatureMap {
         len: usize,
         n_pos: usize,
         every: usize,
-        truth: Truth,
+        truth_as: Truth,
     ) -> HostBatch<E> {
         let (t_n, f_n, h) = (self.targets.len(), self.n_feat(), self.horizon);
         let every = every.max(1);
@@ -266,7 +266,7 @@ impl FeatureMap {
         let n_seq = starts.len() * t_n;
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
         let cycled = self.cycle_period > 0;
-        let (absolute, relative) = (with_truth && truth == Truth::Values, with_truth && truth == Truth::Relative);
+        let (absolute, relative) = (with_truth && truth_as == Truth::Values, with_truth && truth_as == Truth::Relative);
         let mut b = HostBatch {
             n_seq,
             len,

@@ -222,66 +222,179 @@ impl Mamba2Config {
         Ok(())
     }
 
-    /// Reads an HF transformers `config.json` of a `Mamba2` model.
+    /// Reads a `config.json` of a Mamba-2 language model, in either of the two forms such
+    /// checkpoints come with: HF transformers' `Mamba2Config` (`hidden_size`, `num_heads`, ...)
+    /// or the original mamba_ssm `MambaConfig` (`d_model`, `n_layer`, `ssm_cfg`, ...).
     ///
+    /// A key that is missing takes the default of the library that wrote the form (HF's
+    /// `Mamba2Config`, mamba_ssm's `MambaConfig` and `Mamba2` layer), as those libraries would
+    /// load the file; a key that is present with a value of the wrong kind is an error naming it.
     /// Returns the stack's config and the language-model extras (vocabulary size and whether the
     /// head is tied to the embedding).
     pub fn from_hf_json(text: &str) -> Result<(Self, HfExtras), ModelError> {
         let v: serde_json::Value =
             serde_json::from_str(&bare_infinity_to_number(text)).map_err(|e| ModelError::HfConfig { why: format!("not JSON: {e}") })?;
-        let usize_field = |name: &str| -> Result<usize, ModelError> {
-            v.get(name)
-                .and_then(|x| x.as_u64())
-                .map(|x| x as usize)
-                .ok_or_else(|| ModelError::HfConfig { why: format!("missing or non-integer field `{name}`") })
-        };
-        let f64_or = |name: &str, default: f64| v.get(name).and_then(|x| x.as_f64()).unwrap_or(default);
-        let bool_or = |name: &str, default: bool| v.get(name).and_then(|x| x.as_bool()).unwrap_or(default);
-        let d_model = usize_field("hidden_size")?;
-        let expand = usize_field("expand")?;
-        let headdim = usize_field("head_dim")?;
-        let num_heads = usize_field("num_heads")?;
+        let top = JsonFields::new(&v, "")?;
+        if top.has("d_model") || top.has("ssm_cfg") {
+            Self::from_mamba_ssm(&top)
+        } else {
+            Self::from_transformers(&top)
+        }
+    }
+
+    /// HF transformers' form; the defaults are `Mamba2Config.__init__`'s.
+    fn from_transformers(f: &JsonFields) -> Result<(Self, HfExtras), ModelError> {
+        let d_model = f.usize_or("hidden_size", 4096)?;
+        let expand = f.usize_or("expand", 2)?;
+        let headdim = f.usize_or("head_dim", 64)?;
+        let num_heads = f.usize_or("num_heads", 128)?;
         if num_heads * headdim != expand * d_model {
             return Err(ModelError::HfConfig {
                 why: format!("num_heads {num_heads} * head_dim {headdim} != expand {expand} * hidden_size {d_model}"),
             });
         }
-        // transformers 5 writes inf as {"__float__": "Infinity"}.
-        let loose = |x: &serde_json::Value| -> Option<f64> {
-            x.as_f64().or_else(|| match x.get("__float__")?.as_str()? {
-                "Infinity" | "1e308" => Some(f64::INFINITY),
-                "-Infinity" => Some(f64::NEG_INFINITY),
-                _ => None,
-            })
-        };
-        let (lo, hi) = match v.get("time_step_limit").and_then(|x| x.as_array()) {
-            Some(pair) if pair.len() == 2 => match (loose(&pair[0]), loose(&pair[1])) {
-                (Some(lo), Some(hi)) => (lo, hi),
-                _ => return Err(ModelError::HfConfig { why: format!("unreadable time_step_limit {pair:?}") }),
-            },
-            _ => (0.0, f64::INFINITY),
-        };
-        let config = Mamba2Config::new(d_model, usize_field("num_hidden_layers")?)
-            .with_d_state(usize_field("state_size")?)
-            .with_d_conv(usize_field("conv_kernel")?)
+        if !f.bool_or("rms_norm", true)? {
+            return Err(ModelError::HfConfig { why: "rms_norm = false (a LayerNorm model) is not supported".into() });
+        }
+        let (lo, hi) = f.pair_or("time_step_limit", (0.0, f64::INFINITY))?;
+        let config = Mamba2Config::new(d_model, f.usize_or("num_hidden_layers", 64)?)
+            .with_d_state(f.usize_or("state_size", 128)?)
+            .with_d_conv(f.usize_or("conv_kernel", 4)?)
             .with_expand(expand)
             .with_headdim(headdim)
-            .with_ngroups(usize_field("n_groups")?)
-            .with_chunk_size(usize_field("chunk_size")?)
-            .with_dt_min(f64_or("time_step_min", 1e-3))
-            .with_dt_max(f64_or("time_step_max", 0.1))
-            .with_dt_init_floor(f64_or("time_step_floor", 1e-4))
+            .with_ngroups(f.usize_or("n_groups", 8)?)
+            .with_chunk_size(f.usize_or("chunk_size", 256)?)
+            .with_dt_min(f.f64_or("time_step_min", 1e-3)?)
+            .with_dt_max(f.f64_or("time_step_max", 0.1)?)
+            .with_dt_init_floor(f.f64_or("time_step_floor", 1e-4)?)
             .with_dt_limit_lo(lo)
             .with_dt_limit_hi(if hi >= 1e308 { None } else { Some(hi) })
-            .with_bias(bool_or("use_bias", false))
-            .with_conv_bias(bool_or("use_conv_bias", true))
-            .with_norm_eps(f64_or("layer_norm_epsilon", 1e-5))
-            .with_residual_in_fp32(bool_or("residual_in_fp32", true))
-            .with_rescale_prenorm_residual(bool_or("rescale_prenorm_residual", false));
+            .with_bias(f.bool_or("use_bias", false)?)
+            .with_conv_bias(f.bool_or("use_conv_bias", true)?)
+            .with_norm_eps(f.f64_or("layer_norm_epsilon", 1e-5)?)
+            .with_residual_in_fp32(f.bool_or("residual_in_fp32", true)?)
+            .with_rescale_prenorm_residual(f.bool_or("rescale_prenorm_residual", false)?);
         config.validate()?;
-        let extras = HfExtras { vocab_size: usize_field("vocab_size")?, tie_word_embeddings: bool_or("tie_word_embeddings", true) };
+        let extras =
+            HfExtras { vocab_size: f.usize_or("vocab_size", 32768)?, tie_word_embeddings: f.bool_or("tie_word_embeddings", false)? };
         Ok((config, extras))
     }
+
+    /// mamba_ssm's form: `MambaConfig` with the layer's own keys in `ssm_cfg`, whose defaults
+    /// are `mamba_ssm.modules.mamba2.Mamba2.__init__`'s. The vocabulary is padded up to a
+    /// multiple of `pad_vocab_size_multiple`, as `MambaLMHeadModel` does.
+    fn from_mamba_ssm(f: &JsonFields) -> Result<(Self, HfExtras), ModelError> {
+        let unsupported = |why: String| Err(ModelError::HfConfig { why });
+        let empty = serde_json::Value::Object(Default::default());
+        let s = JsonFields::new(f.get("ssm_cfg").unwrap_or(&empty), "ssm_cfg.")?;
+        // MambaLMHeadModel builds Mamba-1 layers unless ssm_cfg names another layer.
+        let layer = match s.get("layer") {
+            None => "Mamba1",
+            Some(x) => x.as_str().ok_or_else(|| ModelError::HfConfig { why: format!("ssm_cfg.layer is not a string: {x}") })?,
+        };
+        if layer != "Mamba2" {
+            return unsupported(format!("ssm_cfg.layer {layer:?} is not a Mamba-2 layer (only \"Mamba2\" is supported)"));
+        }
+        if f.usize_or("d_intermediate", 0)? != 0 {
+            return unsupported("d_intermediate > 0 (an MLP after each mixer) is not supported".into());
+        }
+        if f.get("attn_layer_idx").and_then(|x| x.as_array()).is_some_and(|a| !a.is_empty()) {
+            return unsupported("attention layers (attn_layer_idx) are not supported".into());
+        }
+        if !f.bool_or("rms_norm", true)? || !s.bool_or("rmsnorm", true)? {
+            return unsupported("rms_norm = false (a LayerNorm model) is not supported".into());
+        }
+        let d_model = f.usize_or("d_model", 2560)?;
+        let expand = s.usize_or("expand", 2)?;
+        if let Some(d_ssm) = s.get("d_ssm").filter(|x| !x.is_null()) {
+            if d_ssm.as_u64() != Some((expand * d_model) as u64) {
+                return unsupported(format!("ssm_cfg.d_ssm {d_ssm} differs from expand * d_model = {} (a partial SSM)", expand * d_model));
+            }
+        }
+        let (lo, hi) = s.pair_or("dt_limit", (0.0, f64::INFINITY))?;
+        let a_init_range = s.pair_or("A_init_range", (1.0, 16.0))?;
+        let config = Mamba2Config::new(d_model, f.usize_or("n_layer", 64)?)
+            .with_d_state(s.usize_or("d_state", 128)?)
+            .with_d_conv(s.usize_or("d_conv", 4)?)
+            .with_expand(expand)
+            .with_headdim(s.usize_or("headdim", 64)?)
+            .with_ngroups(s.usize_or("ngroups", 1)?)
+            .with_chunk_size(s.usize_or("chunk_size", 256)?)
+            .with_dt_min(s.f64_or("dt_min", 1e-3)?)
+            .with_dt_max(s.f64_or("dt_max", 0.1)?)
+            .with_dt_init_floor(s.f64_or("dt_init_floor", 1e-4)?)
+            .with_dt_limit_lo(lo)
+            .with_dt_limit_hi(if hi >= 1e308 { None } else { Some(hi) })
+            .with_a_init_range(a_init_range)
+            .with_bias(s.bool_or("bias", false)?)
+            .with_conv_bias(s.bool_or("conv_bias", true)?)
+            .with_norm_before_gate(s.bool_or("norm_before_gate", false)?)
+            .with_d_has_hdim(s.bool_or("D_has_hdim", false)?)
+            .with_norm_eps(1e-5)
+            .with_residual_in_fp32(f.bool_or("residual_in_fp32", true)?)
+            .with_rescale_prenorm_residual(true);
+        config.validate()?;
+        let (vocab, multiple) = (f.usize_or("vocab_size", 50277)?, f.usize_or("pad_vocab_size_multiple", 8)?.max(1));
+        let extras = HfExtras { vocab_size: vocab.div_ceil(multiple) * multiple, tie_word_embeddings: f.bool_or("tie_embeddings", true)? };
+        Ok((config, extras))
+    }
+}
+
+/// The keys of one JSON object of a config, read with defaults; errors name the key with its
+/// path (`ssm_cfg.d_state`).
+struct JsonFields<'a> {
+    map: &'a serde_json::Map<String, serde_json::Value>,
+    path: &'static str,
+}
+
+impl<'a> JsonFields<'a> {
+    fn new(v: &'a serde_json::Value, path: &'static str) -> Result<Self, ModelError> {
+        let map = v.as_object().ok_or_else(|| ModelError::HfConfig { why: format!("{path}{{...}} is not a JSON object: {v}") })?;
+        Ok(Self { map, path })
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// The value of `key`; JSON `null` counts as missing, as Python writes `None` that way.
+    fn get(&self, key: &str) -> Option<&'a serde_json::Value> {
+        self.map.get(key).filter(|x| !x.is_null())
+    }
+
+    fn wrong(&self, key: &str, kind: &str, x: &serde_json::Value) -> ModelError {
+        ModelError::HfConfig { why: format!("`{}{key}` must be {kind}, got {x}", self.path) }
+    }
+
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
+        self.get(key).map_or(Ok(default), |x| x.as_u64().map(|x| x as usize).ok_or_else(|| self.wrong(key, "a whole number", x)))
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ModelError> {
+        self.get(key).map_or(Ok(default), |x| loose_f64(x).ok_or_else(|| self.wrong(key, "a number", x)))
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
+        self.get(key).map_or(Ok(default), |x| x.as_bool().ok_or_else(|| self.wrong(key, "true or false", x)))
+    }
+
+    fn pair_or(&self, key: &str, default: (f64, f64)) -> Result<(f64, f64), ModelError> {
+        let Some(x) = self.get(key) else { return Ok(default) };
+        match x.as_array().map(|a| a.iter().map(loose_f64).collect::<Vec<_>>()).as_deref() {
+            Some([Some(lo), Some(hi)]) => Ok((*lo, *hi)),
+            _ => Err(self.wrong(key, "a pair of numbers", x)),
+        }
+    }
+}
+
+/// A number, also in the forms Python's and transformers 5's JSON give to infinities (bare
+/// `Infinity`, read here as 1e308, and `{"__float__": "Infinity"}`).
+fn loose_f64(x: &serde_json::Value) -> Option<f64> {
+    x.as_f64().or_else(|| match x.get("__float__")?.as_str()? {
+        "Infinity" | "inf" => Some(f64::INFINITY),
+        "-Infinity" | "-inf" => Some(f64::NEG_INFINITY),
+        _ => None,
+    })
 }
 
 /// What an HF config says beyond the stack itself.
@@ -333,6 +446,44 @@ mod tests {
             bare_infinity_to_number(r#"{"a": [0.0, Infinity], "b": "Infinity", "c": -Infinity}"#),
             r#"{"a": [0.0, 1e308], "b": "Infinity", "c": -1e308}"#
         );
+    }
+
+    /// Keys missing from an HF config take `transformers.Mamba2Config`'s defaults (untied head,
+    /// 8 groups, chunks of 256 ...), as HF reads the same file.
+    #[test]
+    fn an_hf_config_takes_hf_defaults_for_missing_keys() {
+        let (c, extras) =
+            Mamba2Config::from_hf_json(r#"{"hidden_size": 64, "num_heads": 2, "num_hidden_layers": 3, "n_groups": 1}"#).unwrap();
+        assert_eq!(
+            (c.d_model, c.n_layer, c.headdim, c.expand, c.d_state, c.d_conv, c.ngroups, c.chunk_size),
+            (64, 3, 64, 2, 128, 4, 1, 256)
+        );
+        assert_eq!(extras, HfExtras { vocab_size: 32768, tie_word_embeddings: false });
+        assert!(!c.bias && c.conv_bias && !c.norm_before_gate && c.dt_limit_hi.is_none());
+        let (_, tied) =
+            Mamba2Config::from_hf_json(r#"{"hidden_size": 64, "num_heads": 2, "n_groups": 2, "tie_word_embeddings": true}"#).unwrap();
+        assert!(tied.tie_word_embeddings);
+        // A key that is present with the wrong kind of value is an error naming it.
+        let err = Mamba2Config::from_hf_json(r#"{"hidden_size": 64, "num_heads": 2, "n_groups": 1, "state_size": "16"}"#).unwrap_err();
+        assert_eq!(err.to_string(), r#"HF config: `state_size` must be a whole number, got "16""#);
+    }
+
+    /// mamba_ssm's form: the layer's keys under `ssm_cfg`, mamba_ssm's defaults, the padded
+    /// vocabulary; and a Mamba-1 or hybrid config is refused by name.
+    #[test]
+    fn a_mamba_ssm_config_is_read_with_mamba_ssm_defaults() {
+        let text = r#"{"d_model": 768, "n_layer": 24, "vocab_size": 50277, "ssm_cfg": {"layer": "Mamba2"}, "rms_norm": true,
+            "residual_in_fp32": true, "fused_add_norm": true, "pad_vocab_size_multiple": 16, "tie_embeddings": true}"#;
+        let (c, extras) = Mamba2Config::from_hf_json(text).unwrap();
+        assert_eq!((c.d_model, c.n_layer, c.headdim, c.d_state, c.ngroups, c.chunk_size, c.nheads()), (768, 24, 64, 128, 1, 256, 24));
+        assert_eq!(extras, HfExtras { vocab_size: 50288, tie_word_embeddings: true });
+        let mamba1 = Mamba2Config::from_hf_json(r#"{"d_model": 768, "n_layer": 24, "ssm_cfg": {}}"#).unwrap_err();
+        assert!(mamba1.to_string().contains("\"Mamba1\""), "{mamba1}");
+        let hybrid =
+            Mamba2Config::from_hf_json(r#"{"d_model": 768, "n_layer": 24, "ssm_cfg": {"layer": "Mamba2"}, "attn_layer_idx": [3]}"#);
+        assert!(hybrid.unwrap_err().to_string().contains("attn_layer_idx"));
+        let wrong = Mamba2Config::from_hf_json(r#"{"d_model": 768, "n_layer": 24, "ssm_cfg": {"layer": "Mamba2", "headdim": 64.5}}"#);
+        assert!(wrong.unwrap_err().to_string().contains("`ssm_cfg.headdim`"));
     }
 
     #[test]

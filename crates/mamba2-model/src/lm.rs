@@ -1,5 +1,5 @@
 use burn::module::Param;
-use burn::nn::Embedding;
+use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 
@@ -12,16 +12,23 @@ pub struct LmConfig {
     pub backbone: Mamba2Config,
     /// Rows of the embedding.
     pub vocab_size: usize,
+    /// The LM head is the embedding itself (`logits = h E^T`); else it is a weight of its own.
+    #[config(default = true)]
+    pub tie_word_embeddings: bool,
 }
 
-/// Embedding, stack, and an LM head tied to the embedding (`logits = h E^T`), as HF's
-/// `Mamba2ForCausalLM` with `tie_word_embeddings`.
+/// Embedding, stack, and an LM head, as HF's `Mamba2ForCausalLM`: tied to the embedding
+/// (`logits = h E^T`) or, without `tie_word_embeddings`, a `Linear(d_model -> vocab_size)`
+/// without bias of its own.
 #[derive(Module, Debug)]
 pub struct Mamba2LM<B: Backend> {
     /// `[vocab_size, d_model]`.
     pub embeddings: Embedding<B>,
     /// The stack.
     pub backbone: Mamba2Stack<B>,
+    /// The untied head (`lm_head.weight` in a checkpoint, `[d_model, vocab_size]` here as Burn's
+    /// Linear stores it); `None` when the head is the embedding.
+    pub lm_head: Option<Linear<B>>,
 }
 
 impl LmConfig {
@@ -30,8 +37,20 @@ impl LmConfig {
         if self.vocab_size == 0 {
             return Err(crate::ConfigError::Zero { name: "vocab_size" }.into());
         }
-        let weight = Tensor::random([self.vocab_size, self.backbone.d_model], Distribution::Normal(0.0, 0.02), device);
-        Ok(Mamba2LM { embeddings: Embedding { weight: Param::from_tensor(weight) }, backbone: Mamba2Stack::init(&self.backbone, device)? })
+        let d = self.backbone.d_model;
+        let weight = Tensor::random([self.vocab_size, d], Distribution::Normal(0.0, 0.02), device);
+        // HF initialises an untied head as every Linear: N(0, initializer_range^2) there; the
+        // embedding's 0.02 here, a common choice, since training from scratch is not this
+        // type's purpose.
+        let lm_head = (!self.tie_word_embeddings).then(|| Linear {
+            weight: Param::from_tensor(Tensor::random([d, self.vocab_size], Distribution::Normal(0.0, 0.02), device)),
+            bias: None,
+        });
+        Ok(Mamba2LM {
+            embeddings: Embedding { weight: Param::from_tensor(weight) },
+            backbone: Mamba2Stack::init(&self.backbone, device)?,
+            lm_head,
+        })
     }
 }
 
@@ -52,8 +71,12 @@ impl<B: Backend> Mamba2LM<B> {
         self.backbone.config()
     }
 
+    /// Logits from final-normed hidden states `[..., d_model]`.
     fn logits<const D: usize>(&self, h: Tensor<B, D>) -> Tensor<B, D> {
-        let w = self.embeddings.weight.val().transpose();
+        let w = match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.embeddings.weight.val().transpose(),
+        };
         let dims = h.dims();
         let d = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
@@ -67,7 +90,17 @@ impl<B: Backend> Mamba2LM<B> {
     /// # Shapes
     /// - `ids`: `[batch, L]`; logits `[batch, L, vocab_size]`
     pub fn forward(&self, ids: Tensor<B, 2, Int>, state: Option<Mamba2State<B>>) -> Result<LmOutput<B>, ModelError> {
-        let (hidden, state) = self.backbone.forward(self.embeddings.forward(ids), state)?;
+        self.forward_embeds(self.embeddings.forward(ids), state)
+    }
+
+    /// Logits for every position of input embeddings (HF's `inputs_embeds`), continuing from
+    /// `state`: [`forward`](Self::forward) without the embedding lookup, for inputs that are not
+    /// token ids (soft prompts, another model's vectors).
+    ///
+    /// # Shapes
+    /// - `embeds`: `[batch, L, d_model]`; logits `[batch, L, vocab_size]`
+    pub fn forward_embeds(&self, embeds: Tensor<B, 3>, state: Option<Mamba2State<B>>) -> Result<LmOutput<B>, ModelError> {
+        let (hidden, state) = self.backbone.forward(embeds, state)?;
         Ok(LmOutput { logits: self.logits(hidden.clone()), hidden, state })
     }
 

@@ -94,6 +94,6 @@ pub fn hf_name(path: &str) -> (String, bool) {
         Some((parent, "d")) if parent.ends_with("mixer") => format!("{parent}.D"),
         _ => name,
     };
-    let transposed = name.ends_with("in_proj.weight") || name.ends_with("out_proj.weight");
+    let transposed = name.ends_with("in_proj.weight") || name.ends_with("out_proj.weight") || name == "lm_head.weight";
     (name, transposed)
 }

@@ -139,3 +139,124 @@ fn bad_checkpoints_name_the_tensor() {
     let err = lm_from_hf_bytes::<NdF64>(&bad_config, &bytes, "m", &device).unwrap_err();
     assert!(matches!(err, ModelError::HfConfig { .. }), "{err}");
 }
+
+/// Loads a checkpoint folder written by `tools/reference/hf_checkpoint_forms.py` and compares
+/// the hidden states and logits with HF's, within the tolerance of the parity tests above.
+fn check_logits(case: &str) -> mamba2_model::Mamba2LM<FlexF32> {
+    let dir = fixture_dir(case);
+    let device = Default::default();
+    let (model, extras) = load_hf_lm::<FlexF32>(&dir, &device).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let io = std::fs::read(dir.join("io.safetensors")).unwrap();
+    let (ids, shape) = read_tensor(&io, "input_ids");
+    let ids = Tensor::<FlexF32, 2, Int>::from_data(TensorData::new(ids.iter().map(|&v| v as i64).collect::<Vec<_>>(), shape), &device);
+    let out = model.forward(ids, None).unwrap();
+    let (hidden_ref, _) = read_tensor(&io, "last_hidden_state");
+    let (logits_ref, logits_shape) = read_tensor(&io, "logits");
+    assert_eq!(logits_shape[2], extras.vocab_size, "{case}: vocabulary");
+    let dh = max_abs_diff(&to_f64_vec(out.hidden), &hidden_ref);
+    let dl = max_abs_diff(&to_f64_vec(out.logits), &logits_ref);
+    println!("{case}: hidden max |diff| {dh:.2e}, logits max |diff| {dl:.2e}");
+    assert!(dh <= 1e-4 && dl <= 1e-4, "{case}: hidden states differ by {dh:e}, logits by {dl:e}");
+    model
+}
+
+/// An untied head is loaded as a weight of its own; with `tie_word_embeddings` absent from
+/// config.json, HF's default (untied) is taken, as HF itself reads the file.
+#[test]
+fn an_untied_head_matches_hf_transformers() {
+    let config = std::fs::read_to_string(fixture_dir("hf_untied").join("config.json")).unwrap();
+    assert!(!config.contains("tie_word_embeddings"), "the fixture leaves the key out");
+    let model = check_logits("hf_untied");
+    assert!(model.lm_head.is_some(), "the head is a weight of its own");
+}
+
+/// Three shards listed in `model.safetensors.index.json` load as one checkpoint.
+#[test]
+fn a_sharded_checkpoint_matches_hf_transformers() {
+    let dir = fixture_dir("hf_sharded");
+    assert!(!dir.join("model.safetensors").exists());
+    let shards =
+        std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("model-")).count();
+    assert_eq!(shards, 3, "the fixture is split into 3 files");
+    check_logits("hf_sharded");
+}
+
+/// bf16 weights are widened exactly into the backend's f32.
+#[test]
+fn a_bf16_checkpoint_matches_hf_transformers() {
+    let bytes = std::fs::read(fixture_dir("hf_bf16").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert!(st.tensors().iter().all(|(_, v)| v.dtype() == safetensors::Dtype::BF16), "the fixture is all bf16");
+    check_logits("hf_bf16");
+}
+
+/// mamba_ssm's own config.json form, its tensor names and its padded vocabulary (45 -> 48).
+#[test]
+fn a_mamba_ssm_config_matches_hf_transformers() {
+    let model = check_logits("mamba_ssm_cfg");
+    assert_eq!(model.embeddings.weight.dims()[0], 48);
+    assert!(model.lm_head.is_none(), "tie_embeddings is mamba_ssm's default");
+}
+
+/// A shard that the index names but that lacks a tensor, a shard outside the folder, and a
+/// truncated shard are errors that name the file and the tensor.
+#[test]
+fn broken_shards_are_errors_naming_the_file() {
+    let src = fixture_dir("hf_sharded");
+    let tmp = std::env::temp_dir().join(format!("mamba2-shards-{}", std::process::id()));
+    let copy = |to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    let index_of = |dir: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap()
+    };
+    let device = Default::default();
+
+    // The index sends a tensor to another shard than the one holding it: the holding shard
+    // (read first) is named with the tensor.
+    let moved = tmp.join("moved");
+    copy(&moved);
+    let mut index = index_of(&moved);
+    let map = index["weight_map"].as_object_mut().unwrap();
+    let (first_file, other_file) = {
+        let mut files: Vec<String> = map.values().map(|v| v.as_str().unwrap().to_string()).collect();
+        files.sort();
+        files.dedup();
+        (files[0].clone(), files[2].clone())
+    };
+    let tensor = map.iter().find(|(_, f)| f.as_str() == Some(first_file.as_str())).unwrap().0.clone();
+    map.insert(tensor.clone(), other_file.clone().into());
+    std::fs::write(moved.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let err = load_hf_lm::<FlexF32>(&moved, &device).unwrap_err().to_string();
+    assert!(err.contains(&first_file) && err.contains(&tensor), "{err}");
+
+    // The index lists a tensor that its shard lacks.
+    let listed = tmp.join("listed");
+    copy(&listed);
+    let mut index = index_of(&listed);
+    index["weight_map"]["backbone.layers.7.mixer.D"] = other_file.clone().into();
+    std::fs::write(listed.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let err = load_hf_lm::<FlexF32>(&listed, &device).unwrap_err().to_string();
+    assert!(err.contains(&other_file) && err.contains("backbone.layers.7.mixer.D"), "{err}");
+
+    let outside = tmp.join("outside");
+    copy(&outside);
+    let mut index = index_of(&outside);
+    index["weight_map"][&tensor] = "../elsewhere.safetensors".into();
+    std::fs::write(outside.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let err = load_hf_lm::<FlexF32>(&outside, &device).unwrap_err().to_string();
+    assert!(err.contains("../elsewhere.safetensors"), "{err}");
+
+    let short = tmp.join("short");
+    copy(&short);
+    let path = short.join(&other_file);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+    let err = load_hf_lm::<FlexF32>(&short, &device).unwrap_err().to_string();
+    assert!(err.contains(&other_file), "{err}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

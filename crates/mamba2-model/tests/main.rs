@@ -8,6 +8,7 @@ mod common;
 mod fast_path;
 mod gradients;
 mod hf_parity;
+mod load_memory;
 mod long_sequence;
 mod state;
 mod streaming;

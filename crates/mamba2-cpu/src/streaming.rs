@@ -35,6 +35,7 @@ pub struct Linear<T> {
     weight: Vec<T>,
     panels: bool,
     bias: Option<Vec<T>>,
+    d_in: usize,
     d_out: usize,
 }
 
@@ -52,9 +53,37 @@ impl<T: HostFloat> Linear<T> {
         assert_eq!(weight.len(), d_in * d_out, "a [{d_in}, {d_out}] weight");
         #[cfg(target_arch = "x86_64")]
         if panels_usable::<T>() {
-            return Linear { weight: avx512::pack_panels(&weight, d_in, d_out), panels: true, bias, d_out };
+            return Linear { weight: avx512::pack_panels(&weight, d_in, d_out), panels: true, bias, d_in, d_out };
         }
-        Linear { weight, panels: false, bias, d_out }
+        Linear { weight, panels: false, bias, d_in, d_out }
+    }
+
+    /// Inputs per row.
+    pub fn d_in(&self) -> usize {
+        self.d_in
+    }
+
+    /// Outputs per row.
+    pub fn d_out(&self) -> usize {
+        self.d_out
+    }
+
+    /// `out = x W + b` for one row, with `state`'s helper thread (if it has one) taking half of
+    /// the product: the step's own matrix-vector product, for a layer outside the stack (an LM
+    /// head reading the stack's output).
+    ///
+    /// # Panics
+    /// When `x` does not hold `d_in` values or `out` `d_out`.
+    pub fn apply(&self, state: &StreamingState<T>, x: &[T], out: &mut [T]) {
+        assert!(
+            x.len() == self.d_in && out.len() == self.d_out,
+            "a [{}, {}] linear map got {} inputs and {} outputs",
+            self.d_in,
+            self.d_out,
+            x.len(),
+            out.len()
+        );
+        matvec(x, self, out, state.helper.0.as_ref());
     }
 }
 

@@ -4,6 +4,11 @@
 //! `cargo bench -p mamba2-model --bench model`; figures are recorded in `docs/benchmarks.md`.
 //! Config: d_model 64, d_state 16, headdim 16, expand 2, 2 layers, batch 8, L 256 (the "small"
 //! config of the performance issue); the step runs at batch 1.
+//!
+//! `lm_decode_130m`: one token of text generation on the host streaming path
+//! ([`StreamingLm::step`]: embedding row, 24 blocks, final norm, tied head over 50,280 tokens)
+//! at the 130m shape (d_model 768, d_state 128, headdim 64, expand 2), random weights, f32. Run
+//! it alone with `cargo bench -p mamba2-model --bench model -- lm_decode`.
 
 use std::time::Duration;
 
@@ -13,7 +18,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
 use criterion::{criterion_group, criterion_main, Criterion};
-use mamba2_model::{Mamba2Config, Mamba2TimeSeries, TimeSeriesConfig};
+use mamba2_model::{LmConfig, Mamba2Config, Mamba2TimeSeries, StreamingLm, TimeSeriesConfig};
 
 const BATCH: usize = 8;
 const LEN: usize = 256;
@@ -55,9 +60,30 @@ fn bench_backend<B: AutodiffBackend>(c: &mut Criterion, name: &str) {
     group.finish();
 }
 
+fn lm_decode(c: &mut Criterion) {
+    let backbone = Mamba2Config::new(768, 24).with_d_state(128).with_headdim(64).with_chunk_size(256);
+    let lm = LmConfig::new(backbone, 50_280).init::<Flex>(&Default::default()).unwrap();
+    let host = StreamingLm::<f32>::new(&lm);
+    drop(lm);
+    let mut state = host.zero_state();
+    let mut token = 0;
+    let mut group = c.benchmark_group("model/lm_decode_130m");
+    group.sample_size(20).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+    group.bench_function("token_f32", |b| {
+        b.iter(|| {
+            // Tokens vary so that no embedding row stays in cache.
+            token = (token + 7919) % 50_280;
+            host.step(&mut state, token).unwrap();
+            criterion::black_box(state.logits[token])
+        })
+    });
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     bench_backend::<Autodiff<Flex>>(c, "flex_f32");
     bench_backend::<Autodiff<NdArray<f64>>>(c, "ndarray_f64");
+    lm_decode(c);
 }
 
 criterion_group!(model, benches);

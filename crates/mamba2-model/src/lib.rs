@@ -4,11 +4,15 @@
 //! - [`Mamba2Config`]: the reference hyper-parameters; derived sizes are methods.
 //! - [`Mamba2Mixer`], [`Mamba2Block`], [`Mamba2Stack`]: the layers, exactly per the recipe.
 //! - [`Mamba2TimeSeries`]: `[batch, L, features] -> [batch, L, outputs]`, for forecasting.
-//! - [`Mamba2LM`]: embedding and tied head, with greedy generation.
+//! - [`Mamba2LM`]: embedding, stack and a head tied to the embedding or of its own; logits from
+//!   token ids or from embeddings, with or without a state; greedy generation.
+//! - [`StreamingLm`] and [`Sampler`]: text generation on the host streaming path, greedy or
+//!   sampled (temperature, top-k, top-p) from a seed.
 //! - [`Mamba2State`]: what a model needs to continue a sequence; `forward(x, Some(state))`
 //!   continues exactly where an earlier call stopped, and `step` advances one row at a time.
-//! - [`load_hf_lm`]: HF-format checkpoints; [`save_checkpoint`] / [`load_checkpoint`]: ours
-//!   (weights, config and metadata in one atomically written file).
+//! - [`load_hf_lm`]: HF-format checkpoints (HF's or mamba_ssm's `config.json`, one file or
+//!   shards, f32/bf16/f16 weights read one tensor at a time); [`save_checkpoint`] /
+//!   [`load_checkpoint`]: ours (weights, config and metadata in one atomically written file).
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -36,6 +40,7 @@ mod block;
 mod bridge;
 mod checkpoint;
 mod config;
+mod decode;
 mod error;
 mod guard;
 mod hf;
@@ -45,6 +50,7 @@ mod lm;
 mod mixer;
 mod norm;
 mod params;
+mod sampling;
 mod stack;
 mod state;
 mod stream;
@@ -56,6 +62,7 @@ pub use checkpoint::{
     load_checkpoint, read_checkpoint_header, remove_temporaries, save_checkpoint, transfer_weights, write_atomically, Loaded,
 };
 pub use config::{ConfigError, HfExtras, Mamba2Config};
+pub use decode::{LmState, StreamingLm};
 pub use error::ModelError;
 pub use guard::catch_panic;
 pub use hf::{lm_from_hf_bytes, load_hf_lm};
@@ -66,6 +73,7 @@ pub use mamba2_cpu::{StreamingState, HELPER_ABOVE_BYTES};
 pub use mixer::{DepthwiseConv, Mamba2Mixer, MAX_PIECE};
 pub use norm::RmsNorm;
 pub use params::{hf_name, named_grads, named_params, NamedParam};
+pub use sampling::{Sampler, Sampling, SamplingError};
 pub use stack::Mamba2Stack;
 pub use state::{Mamba2State, MixerState};
 pub use stream::StreamingStack;

@@ -6,6 +6,7 @@
 mod checkpoint;
 mod common;
 mod fast_path;
+mod generate;
 mod gradients;
 mod hf_parity;
 mod load_memory;

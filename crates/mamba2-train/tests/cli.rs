@@ -786,3 +786,51 @@ fn progress_is_drawn_on_a_terminal_and_plain_lines_elsewhere() {
     assert_eq!(epochs.len(), 2, "{out}");
     assert!(epochs.iter().all(|l| l.contains("train loss") && l.contains("val MSE")), "{out}");
 }
+
+/// `generate` on the tiny HF fixture (`tools/reference/hf_generate.py`) prints the text and the
+/// token ids of HF transformers' greedy `generate`, then tokens/s on stderr; a seed repeats a
+/// sampled text and another seed changes it; mistakes are one-line errors.
+#[test]
+fn generate_prints_hf_greedy_tokens() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf_generate");
+    let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("generate.json")).unwrap()).unwrap();
+    let new_ids: Vec<String> = want["new_ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+    let generate = |extra: &[&str]| {
+        run(bin()
+            .arg("generate")
+            .arg("--model")
+            .arg(&dir)
+            .args(["--prompt", want["prompt"].as_str().unwrap(), "--max-new-tokens", &new_ids.len().to_string()])
+            .args(extra))
+    };
+    let out = generate(&["--ids"]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout, format!("{}\n{}\n", want["text"].as_str().unwrap(), new_ids.join(" ")));
+    assert!(stderr.starts_with(&format!("{} new tokens in ", new_ids.len())) && stderr.contains(" tokens/s"), "{stderr}");
+
+    let sampled = |seed: &str| {
+        let out = generate(&["--temperature", "1.0", "--top-k", "50", "--top-p", "0.95", "--seed", seed, "--ids"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(sampled("1"), sampled("1"));
+    assert_ne!(sampled("1"), sampled("2"));
+
+    for (extra, message) in [
+        (vec!["--top-k", "5"], "error: --top-k and --top-p shape sampling, which needs --temperature above 0 (0 is greedy)\n"),
+        (vec!["--temperature", "1", "--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5\n"),
+        (vec!["--temperature=-2"], "error: --temperature must be 0 (greedy) or a positive number, got -2\n"),
+    ] {
+        let out = generate(&extra);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(String::from_utf8(out.stderr).unwrap(), message);
+    }
+    let out = run(bin().args(["generate", "--prompt", "hi", "--model"]).arg(dir.join("config.json")));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: --model ")
+            && stderr.ends_with("config.json: not a directory (an HF checkpoint's directory is wanted)\n"),
+        "{stderr}"
+    );
+}

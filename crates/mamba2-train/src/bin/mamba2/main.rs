@@ -7,6 +7,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
+mod generate;
 mod report;
 
 use anyhow::{bail, Context, Result};
@@ -30,7 +31,7 @@ const ETTH1: &str = include_str!("../../../../../data/ett/ETTh1.csv");
 const ETTH1_NAME: &str = "ETTh1.csv (embedded)";
 
 #[derive(Parser)]
-#[command(name = "mamba2", version, about = "Mamba-2 forecasters on time series (CSV or Parquet)")]
+#[command(name = "mamba2", version, about = "Mamba-2 forecasters on time series (CSV or Parquet), and text from HF Mamba-2 checkpoints")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,6 +47,8 @@ enum Command {
     Predict(UseArgs),
     /// Read CSV rows from stdin (header first) and print a forecast after each row.
     Stream(StreamArgs),
+    /// Continue a text with an HF Mamba-2 language model (config.json, safetensors, tokenizer.json).
+    Generate(generate::GenerateArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -995,6 +998,7 @@ fn main() {
         Command::Eval(a) => cmd_eval(a),
         Command::Predict(a) => cmd_predict(a),
         Command::Stream(a) => cmd_stream(a),
+        Command::Generate(a) => generate::cmd_generate(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -22,6 +22,9 @@ pub trait Lanes: Copy + Sized {
     unsafe fn vsplat(v: Self) -> Self::V;
     #[doc(hidden)]
     unsafe fn vload(p: *const Self) -> Self::V;
+    /// `W` bf16 values widened to `Self` (exactly: a bf16 is the high half of an f32).
+    #[doc(hidden)]
+    unsafe fn vload_bf16(p: *const half::bf16) -> Self::V;
     #[doc(hidden)]
     unsafe fn vstore(p: *mut Self, v: Self::V);
     #[doc(hidden)]
@@ -58,7 +61,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     macro_rules! lanes {
-        ($t:ty, $v:ty, $w:expr, $zero:ident, $set1:ident, $load:ident, $store:ident, $mul:ident, $add:ident, $fma:ident, $sum:ident, $sums:ident, $sigmoid:ident) => {
+        ($t:ty, $v:ty, $w:expr, $zero:ident, $set1:ident, $load:ident, $load16:ident, $store:ident, $mul:ident, $add:ident, $fma:ident, $sum:ident, $sums:ident, $sigmoid:ident) => {
             impl Lanes for $t {
                 type V = $v;
                 const W: usize = $w;
@@ -76,6 +79,11 @@ mod x86 {
                 #[target_feature(enable = "avx512f")]
                 unsafe fn vload(p: *const $t) -> $v {
                     $load(p)
+                }
+                #[inline]
+                #[target_feature(enable = "avx512f")]
+                unsafe fn vload_bf16(p: *const half::bf16) -> $v {
+                    $load16(p)
                 }
                 #[inline]
                 #[target_feature(enable = "avx512f")]
@@ -115,6 +123,19 @@ mod x86 {
             }
         };
     }
+    /// A bf16 is the high half of an f32: widen to 32 bits and shift up.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_bf16_ps(p: *const half::bf16) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_bf16_pd(p: *const half::bf16) -> __m512d {
+        _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())))))
+    }
+
     lanes!(
         f32,
         __m512,
@@ -122,6 +143,7 @@ mod x86 {
         _mm512_setzero_ps,
         _mm512_set1_ps,
         _mm512_loadu_ps,
+        load_bf16_ps,
         _mm512_storeu_ps,
         _mm512_mul_ps,
         _mm512_add_ps,
@@ -137,6 +159,7 @@ mod x86 {
         _mm512_setzero_pd,
         _mm512_set1_pd,
         _mm512_loadu_pd,
+        load_bf16_pd,
         _mm512_storeu_pd,
         _mm512_mul_pd,
         _mm512_add_pd,
@@ -315,17 +338,44 @@ mod x86 {
         out
     }
 
+    /// What a panel stores: `T` itself, or bf16 (half the bytes; widened to `T` on load, which is
+    /// exact).
+    pub(crate) trait PanelWeight<T: Lanes>: Copy {
+        /// `T::W` stored values from `p` as one vector.
+        ///
+        /// # Safety
+        /// The CPU supports AVX-512F and `p` points at `T::W` readable values.
+        unsafe fn vload_w(p: *const Self) -> T::V;
+    }
+
+    impl<T: Lanes> PanelWeight<T> for T {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn vload_w(p: *const T) -> T::V {
+            T::vload(p)
+        }
+    }
+
+    impl<T: Lanes> PanelWeight<T> for half::bf16 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn vload_w(p: *const half::bf16) -> T::V {
+            T::vload_bf16(p)
+        }
+    }
+
     /// `out = x W` with `W` packed by [`pack_panels`]. Each panel's columns are summed in
     /// registers over all rows, two rows at a time into separate sums, so that the additions
     /// do not wait on each other.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; `panels` was packed for `x.len()` rows and `out.len()` columns.
+    /// The CPU supports AVX-512F; `panels` was packed for `x.len()` rows and `out.len()` columns
+    /// with `T`'s panel width.
     // The register arrays `even` and `odd` are indexed in step with the panel's vectors, one
     // index for three places; iterators would hide that, not remove it.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn matvec_panels<T: Lanes + num_traits::Zero>(x: &[T], panels: &[T], out: &mut [T]) {
+    pub(crate) unsafe fn matvec_panels<T: Lanes + num_traits::Zero, E: PanelWeight<T>>(x: &[T], panels: &[E], out: &mut [T]) {
         let pw = panel_width::<T>();
         let (d_in, d_out) = (x.len(), out.len());
         let np = d_out.div_ceil(pw);
@@ -340,14 +390,14 @@ mod x86 {
                 let (x0, x1) = (T::vsplat(x[2 * i]), T::vsplat(x[2 * i + 1]));
                 let (r0, r1) = (base.add(2 * i * pw), base.add((2 * i + 1) * pw));
                 for j in 0..PANEL {
-                    even[j] = T::vfma(x0, T::vload(r0.add(j * T::W)), even[j]);
-                    odd[j] = T::vfma(x1, T::vload(r1.add(j * T::W)), odd[j]);
+                    even[j] = T::vfma(x0, E::vload_w(r0.add(j * T::W)), even[j]);
+                    odd[j] = T::vfma(x1, E::vload_w(r1.add(j * T::W)), odd[j]);
                 }
             }
             if !d_in.is_multiple_of(2) {
                 let (xl, rl) = (T::vsplat(x[d_in - 1]), base.add((d_in - 1) * pw));
                 for j in 0..PANEL {
-                    even[j] = T::vfma(xl, T::vload(rl.add(j * T::W)), even[j]);
+                    even[j] = T::vfma(xl, E::vload_w(rl.add(j * T::W)), even[j]);
                 }
             }
             let c0 = q * pw;

@@ -20,15 +20,33 @@ use crate::float::HostFloat;
 /// How long the helper spins without work before it parks.
 const SPIN: Duration = Duration::from_millis(2);
 
-/// One product's share: `out = x W` over the panels given, as raw parts.
+/// One product's share: `out = x W` over the panels given, as raw parts. The panels' element
+/// type (`T` or bf16) is erased; `run` is the product for that type.
 #[derive(Clone, Copy)]
 struct Job<T> {
     x: *const T,
     x_len: usize,
-    panels: *const T,
+    panels: *const u8,
     panels_len: usize,
     out: *mut T,
     out_len: usize,
+    run: unsafe fn(&Job<T>),
+}
+
+/// The product a job describes, with panels of `E`.
+///
+/// # Safety
+/// The job's pointers are valid as [`Job`] states, `panels` points at `panels_len` values of `E`,
+/// and the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+unsafe fn run<T: HostFloat, E: crate::avx512::PanelWeight<T>>(job: &Job<T>) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let x = std::slice::from_raw_parts(job.x, job.x_len);
+        let panels = std::slice::from_raw_parts(job.panels.cast::<E>(), job.panels_len);
+        let out = std::slice::from_raw_parts_mut(job.out, job.out_len);
+        crate::avx512::matvec_panels(x, panels, out);
+    }
 }
 
 // SAFETY: a job's pointers are only dereferenced while the thread that posted it waits in
@@ -78,7 +96,7 @@ impl<T: HostFloat> Helper<T> {
     /// `out = x W` for `W` packed in `panels` column panels (`avx512::pack_panels`): the helper
     /// takes the panels from `split` on, this thread the ones before.
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn matvec(&self, x: &[T], panels: &[T], out: &mut [T]) {
+    pub(crate) fn matvec<E: crate::avx512::PanelWeight<T>>(&self, x: &[T], panels: &[E], out: &mut [T]) {
         let pw = crate::avx512::panel_width::<T>();
         let np = out.len().div_ceil(pw);
         let split = np / 2;
@@ -87,10 +105,11 @@ impl<T: HostFloat> Helper<T> {
         let job = Job {
             x: x.as_ptr(),
             x_len: x.len(),
-            panels: their_panels.as_ptr(),
+            panels: their_panels.as_ptr().cast(),
             panels_len: their_panels.len(),
             out: theirs.as_mut_ptr(),
             out_len: theirs.len(),
+            run: run::<T, E>,
         };
         *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
         let n = self.shared.posted.fetch_add(1, Ordering::SeqCst) + 1;
@@ -161,10 +180,7 @@ fn work<T: HostFloat>(shared: &Shared<T>) {
             // SAFETY: see `Job`: the poster keeps these slices alive and untouched until
             // `finished` says this job is done; the CPU check was made before packing panels.
             unsafe {
-                let x = std::slice::from_raw_parts(job.x, job.x_len);
-                let panels = std::slice::from_raw_parts(job.panels, job.panels_len);
-                let out = std::slice::from_raw_parts_mut(job.out, job.out_len);
-                crate::avx512::matvec_panels(x, panels, out);
+                (job.run)(&job)
             }
         }
         done += 1;

@@ -31,8 +31,12 @@ pub struct StepSizeError {
 #[derive(Debug, Clone)]
 pub struct Linear<T> {
     /// `[d_in, d_out]`, Burn's layout: row `i` is what input `i` adds to the output; or, when
-    /// `panels`, packed in column panels for the vector loop ([`avx512::pack_panels`]).
+    /// `panels`, packed in column panels for the vector loop ([`avx512::pack_panels`]). Empty
+    /// when the weight is stored in `half`.
     weight: Vec<T>,
+    /// The weight in bf16, laid out as `weight` would be, after [`Linear::into_bf16`]; else empty.
+    half: Vec<half::bf16>,
+    bf16: bool,
     panels: bool,
     bias: Option<Vec<T>>,
     d_in: usize,
@@ -53,9 +57,38 @@ impl<T: HostFloat> Linear<T> {
         assert_eq!(weight.len(), d_in * d_out, "a [{d_in}, {d_out}] weight");
         #[cfg(target_arch = "x86_64")]
         if panels_usable::<T>() {
-            return Linear { weight: avx512::pack_panels(&weight, d_in, d_out), panels: true, bias, d_in, d_out };
+            return Linear {
+                weight: avx512::pack_panels(&weight, d_in, d_out),
+                half: Vec::new(),
+                bf16: false,
+                panels: true,
+                bias,
+                d_in,
+                d_out,
+            };
         }
-        Linear { weight, panels: false, bias, d_in, d_out }
+        Linear { weight, half: Vec::new(), bf16: false, panels: false, bias, d_in, d_out }
+    }
+
+    /// The same map with its weight stored in bf16 (rounded to nearest, ties to even) and
+    /// widened back to `T` as the product reads it: half the bytes of f32 per product, for steps
+    /// bound by reading the weights (decoding at batch 1). The bias stays in `T`.
+    pub fn into_bf16(self) -> Self {
+        if self.bf16 {
+            return self;
+        }
+        let half = self.weight.iter().map(|&v| half::bf16::from_f64(v.to_f64().expect("a float converts"))).collect();
+        Linear { weight: Vec::new(), half, bf16: true, ..self }
+    }
+
+    /// Whether the weight is stored in bf16.
+    pub fn is_bf16(&self) -> bool {
+        self.bf16
+    }
+
+    /// Bytes of weight one product reads.
+    fn weight_bytes(&self) -> usize {
+        self.weight.len() * std::mem::size_of::<T>() + self.half.len() * 2
     }
 
     /// Inputs per row.
@@ -239,6 +272,17 @@ impl<T: HostFloat> Streaming<T> {
         Self { dims: Dims { batch: 1, len: 1, ..dims }, layers, norm_f }
     }
 
+    /// The same stack with its projections' weights (`in_proj`, `out_proj`: nearly all of a
+    /// step's bytes) stored in bf16; see [`Linear::into_bf16`].
+    pub fn into_bf16(self) -> Self {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|l| LayerWeights { in_proj: l.in_proj.into_bf16(), out_proj: l.out_proj.into_bf16(), ..l })
+            .collect();
+        Self { layers, ..self }
+    }
+
     /// The number of layers.
     pub fn n_layer(&self) -> usize {
         self.layers.len()
@@ -268,8 +312,9 @@ impl<T: HostFloat> Streaming<T> {
 
     /// Bytes of the weights one step reads.
     fn weight_bytes(&self) -> usize {
-        let per_layer = |l: &LayerWeights<T>| l.in_proj.weight.len() + l.out_proj.weight.len() + l.conv_wt.len();
-        self.layers.iter().map(per_layer).sum::<usize>() * std::mem::size_of::<T>()
+        let per_layer =
+            |l: &LayerWeights<T>| l.in_proj.weight_bytes() + l.out_proj.weight_bytes() + l.conv_wt.len() * std::mem::size_of::<T>();
+        self.layers.iter().map(per_layer).sum::<usize>()
     }
 
     /// One step: `u` is one row per stream (`[batch, d_model]`, row-major), `out` receives the
@@ -367,15 +412,33 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `out = x W` for `W` stored in bf16, row-major.
+    fn matvec_rows_bf16<T>(x: &[T], w: &[half::bf16], out: &mut [T]) {
+        let n = out.len();
+        out.fill(T::zero());
+        for (i, &xi) in x.iter().enumerate() {
+            for (o, &wv) in out.iter_mut().zip(&w[i * n..(i + 1) * n]) {
+                *o = *o + xi * T::from(wv.to_f32()).expect("a float converts");
+            }
+        }
+    }
+}
+
 fn matvec<T: HostFloat>(x: &[T], l: &Linear<T>, out: &mut [T], helper: Option<&Helper<T>>) {
     debug_assert_eq!(out.len(), l.d_out);
     if l.panels {
         #[cfg(target_arch = "x86_64")]
-        match helper {
-            Some(helper) => helper.matvec(x, &l.weight, out),
+        match (helper, l.bf16) {
+            (Some(helper), false) => helper.matvec(x, &l.weight, out),
+            (Some(helper), true) => helper.matvec(x, &l.half, out),
             // SAFETY: panels are only packed when the CPU has AVX-512, for these sizes.
-            None => unsafe { avx512::matvec_panels(x, &l.weight, out) },
+            (None, false) => unsafe { avx512::matvec_panels(x, &l.weight, out) },
+            // SAFETY: as above (bf16 panels keep the layout of the panels they were made from).
+            (None, true) => unsafe { avx512::matvec_panels(x, &l.half, out) },
         }
+    } else if l.bf16 {
+        matvec_rows_bf16(x, &l.half, out);
     } else {
         matvec_rows(x, &l.weight, out);
     }
@@ -487,6 +550,59 @@ mod tests {
             let diff = state.ssm(0).iter().zip(fin).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(diff < 1e-12, "final states differ by {diff:e}");
         }
+    }
+
+    fn bf16_products_agree<T: HostFloat>(tol: f64) {
+        let dims = Dims {
+            batch: 1,
+            len: 1,
+            d_model: 4,
+            nheads: 2,
+            headdim: 2,
+            ngroups: 1,
+            d_state: 4,
+            d_conv: 2,
+            d_per_channel: false,
+            dt_lo: 0.0,
+            dt_hi: f64::INFINITY,
+            gate_first: true,
+            eps: 1e-5,
+        };
+        let host = |v: &[f64]| v.iter().map(|&x| T::from(x).unwrap()).collect::<Vec<T>>();
+        let empty = Streaming::<T>::new(dims, Vec::new(), vec![T::one(); 4]);
+        for (d_in, d_out) in [(1, 1), (7, 64), (33, 131), (256, 1160)] {
+            let (w, x, b) = (wave(d_in * d_out, 0.37, 1.0), wave(d_in, 0.61, 1.0), wave(d_out, 0.2, 0.1));
+            // Rounded from `T`'s value, as the layer sees only that.
+            let rounded: Vec<f64> = host(&w).iter().map(|&v| half::bf16::from_f64(v.to_f64().unwrap()).to_f64()).collect();
+            assert!(rounded.iter().zip(&w).any(|(r, v)| r != v), "the weights are not all bf16 already");
+            let full = Linear::new(host(&w), d_in, d_out, Some(host(&b)));
+            let full_bytes = full.weight_bytes();
+            let half = full.into_bf16();
+            assert!(half.is_bf16() && half.weight_bytes() * std::mem::size_of::<T>() == full_bytes * 2, "2 bytes a weight");
+            let exact: Vec<f64> = (0..d_out).map(|o| b[o] + (0..d_in).map(|i| x[i] * rounded[i * d_out + o]).sum::<f64>()).collect();
+            // The plain loop, which CPUs without AVX-512 run.
+            let stored: Vec<half::bf16> = rounded.iter().map(|&v| half::bf16::from_f64(v)).collect();
+            let mut plain = vec![T::zero(); d_out];
+            matvec_rows_bf16(&host(&x), &stored, &mut plain);
+            let scale: f64 = x.iter().map(|v| v.abs()).sum::<f64>() + 1.0;
+            let worst = plain.iter().zip(&exact).zip(&b).map(|((o, e), bv)| (o.to_f64().unwrap() + bv - e).abs()).fold(0.0, f64::max);
+            assert!(worst < tol * scale, "[{d_in}, {d_out}], plain loop: off the rounded weights' product by {worst:e}");
+            for helper in [false, true] {
+                let state = empty.zero_state(1).with_helper(helper);
+                let mut out = vec![T::zero(); d_out];
+                half.apply(&state, &host(&x), &mut out);
+                let worst = out.iter().zip(&exact).map(|(o, e)| (o.to_f64().unwrap() - e).abs()).fold(0.0, f64::max);
+                assert!(worst < tol * scale, "[{d_in}, {d_out}], helper {helper}: off the rounded weights' product by {worst:e}");
+            }
+        }
+    }
+
+    /// A bf16 weight computes the product of the weight rounded to bf16 (to `T`'s rounding),
+    /// with and without the helper thread, on the vector and the plain loops alike.
+    #[test]
+    fn bf16_weights_give_the_product_of_the_rounded_weights() {
+        bf16_products_agree::<f32>(1e-6);
+        bf16_products_agree::<f64>(1e-14);
     }
 
     #[test]

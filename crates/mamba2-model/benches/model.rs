@@ -7,7 +7,8 @@
 //!
 //! `lm_decode_130m`: one token of text generation on the host streaming path
 //! ([`StreamingLm::step`]: embedding row, 24 blocks, final norm, tied head over 50,280 tokens)
-//! at the 130m shape (d_model 768, d_state 128, headdim 64, expand 2), random weights, f32. Run
+//! at the 130m shape (d_model 768, d_state 128, headdim 64, expand 2), random weights, f32
+//! arithmetic with the weights stored in f32 and in bf16. Run
 //! it alone with `cargo bench -p mamba2-model --bench model -- lm_decode`.
 
 use std::time::Duration;
@@ -63,20 +64,22 @@ fn bench_backend<B: AutodiffBackend>(c: &mut Criterion, name: &str) {
 fn lm_decode(c: &mut Criterion) {
     let backbone = Mamba2Config::new(768, 24).with_d_state(128).with_headdim(64).with_chunk_size(256);
     let lm = LmConfig::new(backbone, 50_280).init::<Flex>(&Default::default()).unwrap();
-    let host = StreamingLm::<f32>::new(&lm);
+    let full = StreamingLm::<f32>::new(&lm);
     drop(lm);
-    let mut state = host.zero_state();
-    let mut token = 0;
     let mut group = c.benchmark_group("model/lm_decode_130m");
     group.sample_size(20).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
-    group.bench_function("token_f32", |b| {
-        b.iter(|| {
-            // Tokens vary so that no embedding row stays in cache.
-            token = (token + 7919) % 50_280;
-            host.step(&mut state, token).unwrap();
-            criterion::black_box(state.logits[token])
-        })
-    });
+    for (name, host) in [("token_f32", full.clone()), ("token_bf16_weights", full.with_bf16_weights())] {
+        let mut state = host.zero_state();
+        let mut token = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                // Tokens vary so that no embedding row stays in cache.
+                token = (token + 7919) % 50_280;
+                host.step(&mut state, token).unwrap();
+                criterion::black_box(state.logits[token])
+            })
+        });
+    }
     group.finish();
 }
 

@@ -49,6 +49,12 @@ impl<T: HostFloat> StreamingLm<T> {
         Self { stack: StreamingStack::new(&lm.backbone), embeddings, head: Linear::new(head, d, vocab, None) }
     }
 
+    /// The same model with the stack's projections and the head stored in bf16 (see
+    /// [`StreamingStack::with_bf16_weights`]): about half the bytes per token.
+    pub fn with_bf16_weights(self) -> Self {
+        Self { stack: self.stack.with_bf16_weights(), head: self.head.into_bf16(), embeddings: self.embeddings }
+    }
+
     /// Rows of the embedding: the token ids this model reads are `0..vocab_size`.
     pub fn vocab_size(&self) -> usize {
         self.head.d_out()

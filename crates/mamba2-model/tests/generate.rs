@@ -88,3 +88,32 @@ fn a_token_outside_the_vocabulary_is_an_error() {
     let e = host.step(&mut state, 300).unwrap_err().to_string();
     assert!(e.contains("token id 300 is outside the vocabulary of 300"), "{e}");
 }
+
+/// bf16 weights on the streaming path: for a checkpoint stored in bf16 nothing is lost (the
+/// logits equal the f32 copy's, 1e-6), and for an f32 one the logits move by the weights'
+/// rounding only (within 5 % of their spread here) while the state still advances.
+#[test]
+fn bf16_weights_lose_nothing_on_a_bf16_checkpoint() {
+    let device = Default::default();
+    for (case, exact) in [("hf_bf16", true), ("hf_generate", false)] {
+        let (lm, _) = load_hf_lm::<FlexF32>(&fixture_dir(case), &device).unwrap();
+        let full = StreamingLm::<f32>::new(&lm);
+        let half = full.clone().with_bf16_weights();
+        let (mut a, mut b) = (full.zero_state(), half.zero_state());
+        let (mut worst, mut spread) = (0.0f32, 0.0f32);
+        for t in 0..12 {
+            let token = (t * 7 + 3) % full.vocab_size();
+            full.step(&mut a, token).unwrap();
+            half.step(&mut b, token).unwrap();
+            let (lo, hi) = a.logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            spread = spread.max(hi - lo);
+            worst = a.logits.iter().zip(&b.logits).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
+        }
+        println!("{case}: bf16 weights move the logits by at most {worst:.2e} (spread {spread:.2})");
+        if exact {
+            assert!(worst <= 1e-6, "{case}: {worst:e}");
+        } else {
+            assert!(worst > 0.0 && worst < 0.05 * spread, "{case}: {worst:e} of {spread}");
+        }
+    }
+}

@@ -11,6 +11,7 @@ use mamba2_cpu::{Linear, StreamingState};
 
 use crate::bridge::HostFloat;
 use crate::sampling::Sampler;
+use crate::stream::host;
 use crate::{Mamba2LM, Mamba2State, ModelError, StreamingStack};
 
 /// A [`Mamba2LM`]'s weights on the host, for [`StreamingLm::step`].
@@ -31,10 +32,6 @@ pub struct LmState<T: HostFloat> {
     hidden: Vec<T>,
     /// The logits after the last token fed, `[vocab_size]`.
     pub logits: Vec<T>,
-}
-
-fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
-    t.into_data().convert::<T>().into_vec::<T>().expect("converted to the host type")
 }
 
 impl<T: HostFloat> StreamingLm<T> {

@@ -18,7 +18,7 @@ pub struct StreamingStack<T: HostFloat> {
     host: Streaming<T>,
 }
 
-fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
+pub(crate) fn host<B: Backend, T: HostFloat, const D: usize>(t: Tensor<B, D>) -> Vec<T> {
     t.into_data().convert::<T>().into_vec::<T>().expect("converted to the host type")
 }
 

@@ -275,8 +275,11 @@ impl Mamba2Config {
             .with_residual_in_fp32(f.bool_or("residual_in_fp32", true)?)
             .with_rescale_prenorm_residual(f.bool_or("rescale_prenorm_residual", false)?);
         config.validate()?;
-        let extras =
-            HfExtras { vocab_size: f.usize_or("vocab_size", 32768)?, tie_word_embeddings: f.bool_or("tie_word_embeddings", false)? };
+        let extras = HfExtras {
+            vocab_size: f.usize_or("vocab_size", 32768)?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            eos_token_ids: f.token_ids("eos_token_id")?,
+        };
         Ok((config, extras))
     }
 
@@ -335,7 +338,11 @@ impl Mamba2Config {
             .with_rescale_prenorm_residual(true);
         config.validate()?;
         let (vocab, multiple) = (f.usize_or("vocab_size", 50277)?, f.usize_or("pad_vocab_size_multiple", 8)?.max(1));
-        let extras = HfExtras { vocab_size: vocab.div_ceil(multiple) * multiple, tie_word_embeddings: f.bool_or("tie_embeddings", true)? };
+        let extras = HfExtras {
+            vocab_size: vocab.div_ceil(multiple) * multiple,
+            tie_word_embeddings: f.bool_or("tie_embeddings", true)?,
+            eos_token_ids: f.token_ids("eos_token_id")?,
+        };
         Ok((config, extras))
     }
 }
@@ -378,6 +385,16 @@ impl<'a> JsonFields<'a> {
         self.get(key).map_or(Ok(default), |x| x.as_bool().ok_or_else(|| self.wrong(key, "true or false", x)))
     }
 
+    /// A token id or a list of them (HF writes both for `eos_token_id`); none when missing.
+    fn token_ids(&self, key: &str) -> Result<Vec<usize>, ModelError> {
+        let Some(x) = self.get(key) else { return Ok(Vec::new()) };
+        let ids = match x.as_array() {
+            Some(a) => a.iter().map(|i| i.as_u64()).collect::<Option<Vec<_>>>(),
+            None => x.as_u64().map(|i| vec![i]),
+        };
+        ids.map(|ids| ids.into_iter().map(|i| i as usize).collect()).ok_or_else(|| self.wrong(key, "a token id or a list of them", x))
+    }
+
     fn pair_or(&self, key: &str, default: (f64, f64)) -> Result<(f64, f64), ModelError> {
         let Some(x) = self.get(key) else { return Ok(default) };
         match x.as_array().map(|a| a.iter().map(loose_f64).collect::<Vec<_>>()).as_deref() {
@@ -398,12 +415,24 @@ fn loose_f64(x: &serde_json::Value) -> Option<f64> {
 }
 
 /// What an HF config says beyond the stack itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HfExtras {
     /// Rows of the embedding.
     pub vocab_size: usize,
     /// Whether `lm_head` is the embedding itself.
     pub tie_word_embeddings: bool,
+    /// The tokens that end a text (`eos_token_id`, one id or a list; none when absent).
+    /// [`load_hf_lm`](crate::load_hf_lm) takes them from `generation_config.json` when that file
+    /// names some, as HF's `generate` does.
+    pub eos_token_ids: Vec<usize>,
+}
+
+/// The `eos_token_id` of a `generation_config.json` text; `None` when it names none.
+pub(crate) fn generation_eos(text: &str) -> Result<Option<Vec<usize>>, ModelError> {
+    let v: serde_json::Value = serde_json::from_str(&bare_infinity_to_number(text))
+        .map_err(|e| ModelError::HfConfig { why: format!("generation_config.json is not JSON: {e}") })?;
+    let ids = JsonFields::new(&v, "")?.token_ids("eos_token_id")?;
+    Ok((!ids.is_empty()).then_some(ids))
 }
 
 /// Python's `json` writes inf as a bare `Infinity`, which is not JSON: outside strings, turn it
@@ -458,7 +487,15 @@ mod tests {
             (c.d_model, c.n_layer, c.headdim, c.expand, c.d_state, c.d_conv, c.ngroups, c.chunk_size),
             (64, 3, 64, 2, 128, 4, 1, 256)
         );
-        assert_eq!(extras, HfExtras { vocab_size: 32768, tie_word_embeddings: false });
+        assert_eq!(extras, HfExtras { vocab_size: 32768, tie_word_embeddings: false, eos_token_ids: Vec::new() });
+        for (eos, want) in [("0", vec![0]), ("[2, 5]", vec![2, 5]), ("null", vec![])] {
+            let (_, extras) =
+                Mamba2Config::from_hf_json(&format!(r#"{{"hidden_size": 64, "num_heads": 2, "n_groups": 1, "eos_token_id": {eos}}}"#))
+                    .unwrap();
+            assert_eq!(extras.eos_token_ids, want, "eos_token_id {eos}");
+        }
+        let e = Mamba2Config::from_hf_json(r#"{"hidden_size": 64, "num_heads": 2, "n_groups": 1, "eos_token_id": "</s>"}"#).unwrap_err();
+        assert_eq!(e.to_string(), r#"HF config: `eos_token_id` must be a token id or a list of them, got "</s>""#);
         assert!(!c.bias && c.conv_bias && !c.norm_before_gate && c.dt_limit_hi.is_none());
         let (_, tied) =
             Mamba2Config::from_hf_json(r#"{"hidden_size": 64, "num_heads": 2, "n_groups": 2, "tie_word_embeddings": true}"#).unwrap();
@@ -476,7 +513,7 @@ mod tests {
             "residual_in_fp32": true, "fused_add_norm": true, "pad_vocab_size_multiple": 16, "tie_embeddings": true}"#;
         let (c, extras) = Mamba2Config::from_hf_json(text).unwrap();
         assert_eq!((c.d_model, c.n_layer, c.headdim, c.d_state, c.ngroups, c.chunk_size, c.nheads()), (768, 24, 64, 128, 1, 256, 24));
-        assert_eq!(extras, HfExtras { vocab_size: 50288, tie_word_embeddings: true });
+        assert_eq!(extras, HfExtras { vocab_size: 50288, tie_word_embeddings: true, eos_token_ids: Vec::new() });
         let mamba1 = Mamba2Config::from_hf_json(r#"{"d_model": 768, "n_layer": 24, "ssm_cfg": {}}"#).unwrap_err();
         assert!(mamba1.to_string().contains("\"Mamba1\""), "{mamba1}");
         let hybrid =

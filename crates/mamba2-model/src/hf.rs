@@ -377,11 +377,20 @@ fn lm_from_source<B: Backend>(
 /// Loads a checkpoint directory: `config.json` (HF transformers' or mamba_ssm's form) and
 /// `model.safetensors`, or the shards listed in `model.safetensors.index.json`. The weights are
 /// read one tensor at a time and converted straight into the backend's float type (bf16, f16,
-/// f32 and f64 files).
+/// f32 and f64 files). A `generation_config.json` beside them, when it names an `eos_token_id`,
+/// gives [`HfExtras::eos_token_ids`].
 pub fn load_hf_lm<B: Backend>(dir: &Path, device: &B::Device) -> Result<(Mamba2LM<B>, HfExtras), ModelError> {
     let path = dir.join("config.json");
     let config = std::fs::read(&path).map_err(|cause| ModelError::Io { path: path.display().to_string(), cause })?;
     let config = String::from_utf8(config).map_err(|e| ModelError::HfConfig { why: format!("config.json is not UTF-8: {e}") })?;
-    let (config, extras) = Mamba2Config::from_hf_json(&config)?;
+    let (config, mut extras) = Mamba2Config::from_hf_json(&config)?;
+    let generation = dir.join("generation_config.json");
+    if generation.exists() {
+        let text =
+            std::fs::read_to_string(&generation).map_err(|cause| ModelError::Io { path: generation.display().to_string(), cause })?;
+        if let Some(ids) = crate::config::generation_eos(&text)? {
+            extras.eos_token_ids = ids;
+        }
+    }
     lm_from_source(TensorSource::from_dir(dir)?, config, extras, device)
 }

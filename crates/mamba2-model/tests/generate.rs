@@ -33,7 +33,8 @@ fn expected() -> Expected {
 fn greedy_generation_matches_hf_transformers() {
     let want = expected();
     let device = Default::default();
-    let (lm, _) = load_hf_lm::<FlexF32>(&fixture_dir("hf_generate"), &device).unwrap();
+    let (lm, extras) = load_hf_lm::<FlexF32>(&fixture_dir("hf_generate"), &device).unwrap();
+    assert_eq!(extras.eos_token_ids, [want.eos], "generation_config.json's eos_token_id");
     let host = StreamingLm::<f32>::new(&lm);
     let greedy = || Sampler::new(Sampling::greedy(), 0).unwrap();
 

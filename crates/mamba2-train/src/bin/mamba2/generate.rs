@@ -3,7 +3,7 @@
 //! step of the host streaming path (f32, with the weights in f32 or bf16).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -51,26 +51,6 @@ pub(crate) struct GenerateArgs {
     bf16_weights: bool,
 }
 
-/// The ids that end a text: generation_config.json's `eos_token_id`, else config.json's (a
-/// number or a list of them; none when neither file names one).
-fn stop_ids(dir: &Path) -> Result<Vec<usize>> {
-    for name in ["generation_config.json", "config.json"] {
-        let path = dir.join(name);
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
-        // transformers writes infinities as bare `Infinity`: only this key is wanted here.
-        let text = text.replace("Infinity", "1e308");
-        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let ids = match v.get("eos_token_id") {
-            None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::Array(a)) => a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>(),
-            Some(x) => x.as_u64().map(|x| vec![x]),
-        };
-        let ids = ids.ok_or_else(|| anyhow!("{}: `eos_token_id` must be a token id or a list of them", path.display()))?;
-        return Ok(ids.into_iter().map(|x| x as usize).collect());
-    }
-    Ok(Vec::new())
-}
-
 /// Prints the text of the tokens so far as it grows. A token can end inside a character (byte
 /// level tokenizers split UTF-8): text that ends in a replacement character is held back until
 /// a later token completes it, or until the end.
@@ -108,10 +88,10 @@ pub(crate) fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     let tokenizer = Tokenizer::from_file(&tok_path)
         .map_err(|e| anyhow!("{}: not a tokenizer the tokenizers library reads: {e}", tok_path.display()))?;
-    let stop = stop_ids(&a.model)?;
 
     let device = Default::default();
-    let (lm, _) = load_hf_lm::<Flex>(&a.model, &device).with_context(|| format!("loading the checkpoint in {}", a.model.display()))?;
+    let (lm, extras) = load_hf_lm::<Flex>(&a.model, &device).with_context(|| format!("loading the checkpoint in {}", a.model.display()))?;
+    let stop = extras.eos_token_ids;
     let host = StreamingLm::<f32>::new(&lm);
     let host = if a.bf16_weights { host.with_bf16_weights() } else { host };
     let vocab = host.vocab_size();

@@ -30,24 +30,13 @@ import transformers
 from safetensors.torch import load_file, save_file
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
+from hf_fixtures import perturbed
+
 OUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 
 SIZES = dict(hidden_size=32, expand=2, head_dim=16, num_heads=4, state_size=8, n_groups=1, conv_kernel=4,
              chunk_size=8, num_hidden_layers=2, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5,
              residual_in_fp32=True)
-
-
-def perturbed(config):
-    model = Mamba2ForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("A_log") or pname.endswith("dt_bias"):
-                p.add_(0.1 * torch.randn_like(p))
-            elif "norm" in pname or pname.endswith(".D"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            else:
-                p.add_(0.05 * torch.randn_like(p))
-    return model
 
 
 def write_io(d, model, vocab, batch=2, seq_len=13, extra=None):

@@ -35,21 +35,30 @@ CASES = {
 }
 
 
+def perturbed(config, scale=0.05):
+    """A random-init `Mamba2ForCausalLM` (float32, eval) with its parameters moved away from their
+    init: A_log and dt_bias by N(0, 0.1^2), norms and D drawn around 1, the rest by N(0, scale^2),
+    so that no parameter sits at a value that hides a mistake (a norm weight of 1, say). The other
+    fixture scripts import it."""
+    model = Mamba2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("A_log") or pname.endswith("dt_bias"):
+                p.add_(0.1 * torch.randn_like(p))
+            elif "norm" in pname or pname.endswith(".D"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.add_(scale * torch.randn_like(p))
+    return model
+
+
 def main():
     torch.manual_seed(1234)
     for name, spec in CASES.items():
         spec = dict(spec)
         seq_len, batch = spec.pop("seq_len"), spec.pop("batch")
         config = Mamba2Config(**spec, layer_norm_epsilon=1e-5, residual_in_fp32=True, tie_word_embeddings=True)
-        model = Mamba2ForCausalLM(config).float().eval()
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if pname.endswith("A_log") or pname.endswith("dt_bias"):
-                    p.add_(0.1 * torch.randn_like(p))
-                elif "norm" in pname or pname.endswith(".D"):
-                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
-                else:
-                    p.add_(0.05 * torch.randn_like(p))
+        model = perturbed(config)
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True)

@@ -25,6 +25,9 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
+from hf_checkpoint_forms import SIZES
+from hf_fixtures import perturbed
+
 OUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf_generate"
 
 CORPUS = [
@@ -58,19 +61,9 @@ def main():
     vocab = tok.get_vocab_size()
     eos = tok.token_to_id("<|endoftext|>")
 
-    config = Mamba2Config(hidden_size=32, expand=2, head_dim=16, num_heads=4, state_size=8, n_groups=1, conv_kernel=4,
-                          chunk_size=8, num_hidden_layers=2, use_bias=False, use_conv_bias=True,
-                          layer_norm_epsilon=1e-5, residual_in_fp32=True, vocab_size=vocab, tie_word_embeddings=True,
-                          eos_token_id=eos, bos_token_id=eos, pad_token_id=eos)
-    model = Mamba2ForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log") or name.endswith("dt_bias"):
-                p.add_(0.1 * torch.randn_like(p))
-            elif "norm" in name or name.endswith(".D"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            else:
-                p.add_(SCALE * torch.randn_like(p))
+    config = Mamba2Config(**SIZES, vocab_size=vocab, tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos,
+                          pad_token_id=eos)
+    model = perturbed(config, SCALE)
     model.save_pretrained(OUT, safe_serialization=True)
     model = Mamba2ForCausalLM.from_pretrained(OUT).float().eval()
 

@@ -552,8 +552,9 @@ mod tests {
         }
     }
 
-    fn bf16_products_agree<T: HostFloat>(tol: f64) {
-        let dims = Dims {
+    /// One block of width 4, for tests that need a stack but not its layers.
+    fn tiny_dims() -> Dims {
+        Dims {
             batch: 1,
             len: 1,
             d_model: 4,
@@ -567,7 +568,11 @@ mod tests {
             dt_hi: f64::INFINITY,
             gate_first: true,
             eps: 1e-5,
-        };
+        }
+    }
+
+    fn bf16_products_agree<T: HostFloat>(tol: f64) {
+        let dims = tiny_dims();
         let host = |v: &[f64]| v.iter().map(|&x| T::from(x).unwrap()).collect::<Vec<T>>();
         let empty = Streaming::<T>::new(dims, Vec::new(), vec![T::one(); 4]);
         for (d_in, d_out) in [(1, 1), (7, 64), (33, 131), (256, 1160)] {
@@ -607,21 +612,7 @@ mod tests {
 
     #[test]
     fn wrong_slice_sizes_are_named() {
-        let dims = Dims {
-            batch: 1,
-            len: 1,
-            d_model: 4,
-            nheads: 2,
-            headdim: 2,
-            ngroups: 1,
-            d_state: 4,
-            d_conv: 2,
-            d_per_channel: false,
-            dt_lo: 0.0,
-            dt_hi: f64::INFINITY,
-            gate_first: true,
-            eps: 1e-5,
-        };
+        let dims = tiny_dims();
         let stack = Streaming::<f32>::new(dims, Vec::new(), vec![1.0; 4]);
         let mut state = stack.zero_state(2);
         let err = stack.step(&mut state, &[0.0; 8], &mut [0.0; 4]).unwrap_err();

@@ -69,13 +69,14 @@ impl DiskFile {
     /// whole number of values), so that a tensor as large as the file is never held twice.
     fn read_pieces(&mut self, info: &TensorInfo, mut each: impl FnMut(&[u8])) -> Result<(), ModelError> {
         let (begin, end) = info.data_offsets;
-        let io = |cause| ModelError::Io { path: self.path.clone(), cause };
-        self.file.seek(SeekFrom::Start(self.data_start + begin as u64)).map_err(io)?;
+        let Self { path, file, data_start } = self;
+        let io = |cause| ModelError::Io { path: path.clone(), cause };
+        file.seek(SeekFrom::Start(*data_start + begin as u64)).map_err(io)?;
         let mut piece = vec![0u8; READ_PIECE.min(end - begin)];
         let mut left = end - begin;
         while left > 0 {
             let n = left.min(READ_PIECE);
-            self.file.read_exact(&mut piece[..n]).map_err(|cause| ModelError::Io { path: self.path.clone(), cause })?;
+            file.read_exact(&mut piece[..n]).map_err(io)?;
             each(&piece[..n]);
             left -= n;
         }

@@ -9,6 +9,7 @@
 //! forecast. Nothing here looks ahead, so a value, once computed for a row, never changes.
 
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 
 use burn::tensor::Element;
 use rayon::prelude::*;
@@ -151,8 +152,11 @@ pub struct RowEncoder {
     map: FeatureMap,
     targets: Vec<RollingStats>,
     covariates: Vec<RollingStats>,
-    /// The last `patch` values of each series, oldest first.
+    /// The last `patch` values of each series, newest first: the patch's own order, so that it
+    /// is written by forward loops over the deque's two slices.
     recent: Vec<VecDeque<f64>>,
+    /// The row's inputs that every series shares (calendar, covariates), kept to be reused.
+    shared: Vec<f64>,
 }
 
 impl RowEncoder {
@@ -162,6 +166,7 @@ impl RowEncoder {
             targets: map.targets.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
             covariates: map.covariates.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
             recent: map.targets.iter().map(|_| VecDeque::with_capacity(map.patch)).collect(),
+            shared: Vec::with_capacity(map.n_feat()),
             map: map.clone(),
         }
     }
@@ -185,7 +190,8 @@ impl RowEncoder {
         let m = &self.map;
         let f_n = m.n_feat();
         let t_n = m.targets.len();
-        let mut shared: Vec<f64> = Vec::with_capacity(f_n);
+        let shared = &mut self.shared;
+        shared.clear();
         if let Some(cal) = &m.calendar {
             for k in 0..cal.periods.len() {
                 let angle = std::f64::consts::TAU * cal.phase(clock, k) as f64 / cal.periods[k] as f64;
@@ -203,25 +209,21 @@ impl RowEncoder {
             let sd = if m.scale { sd } else { 1.0 };
             let recent = &mut self.recent[c];
             if recent.len() == m.patch {
-                recent.pop_front();
+                recent.pop_back();
             }
-            recent.push_back(x);
+            recent.push_front(x);
             let out = &mut inputs[c * stride..c * stride + f_n];
-            // Newest first; before the history's first row, its first row again. The kept
-            // values are read as the deque's two slices so that the loops vectorise.
-            let (older, newer) = recent.as_slices();
+            // Newest first; before the history's first row, its first row again.
+            let (newer, older) = recent.as_slices();
             // One division per row, not one per value.
             let inv = 1.0 / sd;
-            let (patch, rest) = out[..m.patch].split_at_mut(newer.len().min(m.patch));
-            for (o, &v) in patch.iter_mut().zip(newer.iter().rev()) {
-                *o = E::from_elem((v - mean) * inv);
-            }
-            let (patch, rest) = rest.split_at_mut(older.len().min(rest.len()));
-            for (o, &v) in patch.iter_mut().zip(older.iter().rev()) {
-                *o = E::from_elem((v - mean) * inv);
-            }
-            rest.fill(E::from_elem((recent[0] - mean) * inv));
-            for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(&shared) {
+            let (patch, rest) = out[..m.patch].split_at_mut(newer.len());
+            centered(patch, newer, mean, inv);
+            let (patch, rest) = rest.split_at_mut(older.len());
+            centered(patch, older, mean, inv);
+            let oldest = recent.back().copied().unwrap_or(x);
+            rest.fill(E::from_elem((oldest - mean) * inv));
+            for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(shared.iter()) {
                 *o = E::from_elem(v);
             }
             if m.series_code {
@@ -234,6 +236,45 @@ impl RowEncoder {
         }
         debug_assert_eq!(refs.len(), t_n);
     }
+}
+
+/// A piece of a buffer's spare capacity, zeroed and then seen as initialised values.
+fn zero<E: Element>(piece: &mut [MaybeUninit<E>]) -> &mut [E] {
+    piece.fill(MaybeUninit::new(E::from_elem(0.0)));
+    // SAFETY: every element was just written, and `MaybeUninit<E>` has the layout of `E`.
+    unsafe { &mut *(piece as *mut [MaybeUninit<E>] as *mut [E]) }
+}
+
+/// `out[i] = (src[i] - mean) * inv` in the element type: a row's patch, most of what a batch
+/// writes. It is also compiled for AVX2 and AVX-512 and chosen at run time, since the default
+/// target's SSE2 converts two values per instruction.
+fn centered<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+    #[inline(always)]
+    fn body<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+        for (o, &v) in out.iter_mut().zip(src) {
+            *o = E::from_elem((v - mean) * inv);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn avx512<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+            body(out, src, mean, inv)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+            body(out, src, mean, inv)
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has just been found to support the enabled feature.
+            return unsafe { avx512(out, src, mean, inv) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { avx2(out, src, mean, inv) };
+        }
+    }
+    body(out, src, mean, inv)
 }
 
 impl FeatureMap {
@@ -273,27 +314,31 @@ impl FeatureMap {
             n_feat: f_n,
             n_pos,
             every,
-            // Zeroed by the pool (9 MB at the default shape), then every value overwritten.
-            inputs: rayon::iter::repeat_n(E::from_elem(0.0), n_seq * len * f_n).collect(),
+            // The two large buffers (13 MB at the default shape) are zeroed piece by piece below,
+            // by the task that then writes the piece while it is in that core's cache.
+            inputs: Vec::with_capacity(n_seq * len * f_n),
             level: vec![0.0; n_seq * n_pos],
             scale: vec![0.0; n_seq * n_pos],
             // Filled in pieces below whether or not they are wanted, and emptied after when not.
             cycle_now: vec![0; n_seq * n_pos],
             truth: vec![0.0; if absolute { n_seq * n_pos * h } else { n_seq }],
-            truth_rel: rayon::iter::repeat_n(E::from_elem(0.0), if relative { n_seq * n_pos * h } else { n_seq }).collect(),
+            truth_rel: Vec::with_capacity(if relative { n_seq * n_pos * h } else { n_seq }),
         };
+        let (n_inputs, n_truth_rel) = (b.inputs.capacity(), b.truth_rel.capacity());
+        let zeroed = std::sync::atomic::AtomicUsize::new(0);
         // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
         let per = |v: usize| v.max(1);
-        let pieces = b
-            .inputs
+        let pieces = b.inputs.spare_capacity_mut()[..n_inputs]
             .par_chunks_mut(per(t_n * len * f_n))
             .zip(b.level.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.scale.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.cycle_now.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.truth.par_chunks_mut(if absolute { per(t_n * n_pos * h) } else { per(t_n) }))
-            .zip(b.truth_rel.par_chunks_mut(if relative { per(t_n * n_pos * h) } else { per(t_n) }))
+            .zip(b.truth_rel.spare_capacity_mut()[..n_truth_rel].par_chunks_mut(if relative { per(t_n * n_pos * h) } else { per(t_n) }))
             .zip(starts.par_iter());
         pieces.for_each(|((((((inputs, level), scale), cycle_now), truth), truth_rel), &s)| {
+            zeroed.fetch_add(inputs.len() + truth_rel.len(), std::sync::atomic::Ordering::Relaxed);
+            let (inputs, truth_rel) = (zero(inputs), zero(truth_rel));
             let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
             let mut enc = RowEncoder::new(self);
             // Each target's values after the history, in one slice: the truth of every forecast
@@ -318,14 +363,19 @@ impl FeatureMap {
                     if absolute {
                         truth[q * h..(q + 1) * h].copy_from_slice(&ahead[c][p..p + h]);
                     } else if relative {
-                        let l = refs[c].level;
-                        for (o, &t) in truth_rel[q * h..(q + 1) * h].iter_mut().zip(&ahead[c][p..p + h]) {
-                            *o = E::from_elem(t - l);
-                        }
+                        centered(&mut truth_rel[q * h..(q + 1) * h], &ahead[c][p..p + h], refs[c].level, 1.0);
                     }
                 }
             }
         });
+        // Every piece of both buffers was zeroed (and then written) by exactly one task.
+        assert_eq!(zeroed.into_inner(), n_inputs + n_truth_rel, "build: a piece of the batch was not written");
+        // SAFETY: the pieces above cover the first `n_inputs` and `n_truth_rel` elements of the
+        // two buffers' capacity, and `zero` initialised every element of each piece.
+        unsafe {
+            b.inputs.set_len(n_inputs);
+            b.truth_rel.set_len(n_truth_rel);
+        }
         if !cycled {
             b.cycle_now.clear();
         }

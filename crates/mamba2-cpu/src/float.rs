@@ -135,6 +135,9 @@ pub(crate) fn sigmoid_into<T: HostFloat>(x: &[T], out: &mut [T]) {
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has just been found to support AVX-512F.
         done = unsafe { crate::avx512::sigmoid_slice(x, out) };
+    } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has just been found to support AVX2 and FMA.
+        done = unsafe { crate::avx2::sigmoid_slice(x, out) };
     }
     for (o, &v) in out[done..].iter_mut().zip(&x[done..]) {
         *o = sigmoid(v);

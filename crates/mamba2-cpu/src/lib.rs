@@ -16,7 +16,8 @@
 //!
 //! The hot loops have a plain body and copies compiled for AVX2 and AVX-512, chosen at run time;
 //! the scan's step and the streaming products also have hand-written AVX-512 versions
-//! (`avx512.rs`), tested against the plain loops directly.
+//! (`avx512.rs`), and the sigmoid an AVX2 one for CPUs without AVX-512 (`avx2.rs`), tested
+//! against the plain loops directly.
 //!
 //! ```
 //! use mamba2_cpu::{layer, Dims, LayerPlan};
@@ -51,6 +52,7 @@
 // Every `unsafe` block states why it is sound, and clippy holds it to that.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod avx2;
 mod avx512;
 mod backward;
 mod buffers;

@@ -133,6 +133,16 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
     // A real checkpoint, then damaged copies of it.
     let trained = train_tiny(&dir, &good, &[]);
     assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    // The closing line names every file the run left (the optimizer's state and the weight
+    // average among them), so that none is a mystery in the output directory.
+    let stdout = String::from_utf8_lossy(&trained.stdout);
+    let closing = stdout.lines().rfind(|l| l.starts_with("wrote ")).expect("a closing `wrote` line");
+    let left = walk(&dir.join("run"));
+    assert!(left.len() >= 7, "{left:?}");
+    for f in &left {
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(closing.contains(&*name), "`{closing}` does not name {name}");
+    }
     let ckpt = dir.join("run/best.ckpt");
     let bytes = std::fs::read(&ckpt).unwrap();
     let truncated = dir.join("truncated.ckpt");

@@ -543,7 +543,7 @@ fn train_one(
             println!("wall time {secs:.0} s; test split not evaluated (--no-test)");
             summary_json["wall_seconds"] = secs.into();
             mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
-            println!("wrote {}: best.ckpt, last.ckpt, metrics.jsonl, summary.json, loss.png", out.display());
+            println!("{}", wrote(out, &["loss.png"]));
             return Ok((f64::NAN, f64::NAN));
         }
         let errors = evaluate_table(&loaded.module, &test, &data.clock, 32, true, &device)?;
@@ -584,9 +584,34 @@ fn train_one(
         summary_json["test_per_column"] = units.into();
         mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
         test_plots(out, &loaded.module, &test, data, (&errors, &repeat), &device)?;
-        println!("wrote {}: best.ckpt, last.ckpt, metrics.jsonl, summary.json, loss.png, forecast.png, error_by_step.png", out.display());
+        println!("{}", wrote(out, &["loss.png", "forecast.png", "error_by_step.png"]));
         Ok((mse, mae))
     })
+}
+
+/// The run's closing line: every file it left in `out`, and what the ones a user does not open
+/// are for (the optimizer's state and the weight average are named by epoch, so they are listed
+/// as found).
+fn wrote(out: &Path, plots: &[&str]) -> String {
+    let mut state: Vec<String> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| (n.starts_with("optim-") && n.ends_with(".safetensors")) || (n.starts_with("ema-") && n.ends_with(".ckpt")))
+        .collect();
+    state.sort();
+    let mut line = format!("wrote {}: best.ckpt (the model to eval, predict and stream); last.ckpt", out.display());
+    for f in &state {
+        line += ", ";
+        line += f;
+    }
+    line += " (what --resume continues from); metrics.jsonl, summary.json";
+    for p in plots {
+        line += ", ";
+        line += p;
+    }
+    line
 }
 
 /// What a run reads, how it splits it, and what it trains: printed before training and recorded

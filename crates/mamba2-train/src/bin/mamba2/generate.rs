@@ -147,12 +147,15 @@ pub(crate) fn cmd_generate(a: GenerateArgs) -> Result<()> {
     if a.ids {
         writeln!(stdout, "{}", new.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "))?;
     }
-    let rate = |n: usize, s: f64| if s > 0.0 { format!("{:.1}", n as f64 / s) } else { "-".into() };
+    // The first new token comes from the prompt's pass; the decode time holds the steps that
+    // made the others (with their sampling and printing), so those are what the rate counts.
+    let steps = new.len().saturating_sub(1);
+    let rate = if steps > 0 && decode.as_secs_f64() > 0.0 { format!("{:.1}", steps as f64 / decode.as_secs_f64()) } else { "-".into() };
     eprintln!(
-        "{} new tokens in {:.2} s ({} tokens/s); prompt {} tokens in {:.2} s",
+        "{} new tokens in {:.2} s ({} tokens/s after the first, which comes with the prompt); prompt {} tokens in {:.2} s",
         new.len(),
         decode.as_secs_f64(),
-        rate(new.len(), decode.as_secs_f64()),
+        rate,
         prompt.len(),
         prefill.as_secs_f64()
     );

@@ -308,6 +308,7 @@ impl FeatureMap {
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
         let cycled = self.cycle_period > 0;
         let (absolute, relative) = (with_truth && truth_as == Truth::Values, with_truth && truth_as == Truth::Relative);
+        let (n_inputs, n_truth_rel) = (n_seq * len * f_n, if relative { n_seq * n_pos * h } else { n_seq });
         let mut b = HostBatch {
             n_seq,
             len,
@@ -316,15 +317,14 @@ impl FeatureMap {
             every,
             // The two large buffers (13 MB at the default shape) are zeroed piece by piece below,
             // by the task that then writes the piece while it is in that core's cache.
-            inputs: Vec::with_capacity(n_seq * len * f_n),
+            inputs: Vec::with_capacity(n_inputs),
             level: vec![0.0; n_seq * n_pos],
             scale: vec![0.0; n_seq * n_pos],
             // Filled in pieces below whether or not they are wanted, and emptied after when not.
             cycle_now: vec![0; n_seq * n_pos],
             truth: vec![0.0; if absolute { n_seq * n_pos * h } else { n_seq }],
-            truth_rel: Vec::with_capacity(if relative { n_seq * n_pos * h } else { n_seq }),
+            truth_rel: Vec::with_capacity(n_truth_rel),
         };
-        let (n_inputs, n_truth_rel) = (b.inputs.capacity(), b.truth_rel.capacity());
         let zeroed = std::sync::atomic::AtomicUsize::new(0);
         // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
         let per = |v: usize| v.max(1);

@@ -45,6 +45,24 @@ pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, 
     unsafe { gemm_raw(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate) }
 }
 
+/// As [`matmul`], on the calling thread alone (inside a task of the pool that runs many).
+pub(crate) fn matmul_serial<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+    assert!(dst.len() == m * n, "matmul: a [{m}, {n}] product does not fit a buffer of {}", dst.len());
+    assert!(lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its operands");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(T::zero());
+        }
+        return;
+    }
+    // SAFETY: `dst` holds `m * n` elements and is borrowed mutably; the operands' ranges were
+    // checked above.
+    unsafe { gemm_call(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate, gemm::Parallelism::None) }
+}
+
 /// `lhs · rhs` in a new row-major `[m, n]` buffer that the product writes directly: no zero fill
 /// first, which for the large activations of a step costs as much as a pass over them.
 pub(crate) fn product<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>) -> Vec<T> {
@@ -226,6 +244,12 @@ mod tests {
         let want: Vec<f64> = before.iter().zip(&t).map(|(p, q)| p + q).collect();
         assert!(close(&dst, &want));
         assert!(close(&product(m, n, k, Mat::rows(&a, k), Mat::rows(&b, n)), &naive(&|i, q| a[i * k + q], &|q, j| b[q * n + j])));
+        // On the calling thread: the same, written fresh and accumulated.
+        let mut serial = vec![7.0; m * n];
+        matmul_serial(&mut serial, m, n, k, Mat::transposed(&a, m), Mat::transposed(&b, k), false);
+        assert!(close(&serial, &t));
+        matmul_serial(&mut serial, m, n, k, Mat::transposed(&a, m), Mat::transposed(&b, k), true);
+        assert!(close(&serial, &t.iter().map(|v| 2.0 * v).collect::<Vec<_>>()));
         assert_eq!(product(m, n, 0, Mat::rows(&a, 0), Mat::rows(&b, n)), vec![0.0; m * n]);
         let sums = column_sums(&b, n);
         assert!(close(&sums, &(0..n).map(|j| (0..k).map(|q| b[q * n + j]).sum()).collect::<Vec<f64>>()));

@@ -5,18 +5,19 @@
 //! Written as tensor operations, the readout is a dozen passes over its `[rows, H]` output
 //! forward and as many backward (the selection of the scored rows, two products, the sums, the
 //! cycle's gather, the difference, its square and absolute value, their means), each a buffer
-//! allocated, filled and read once more. Here the head and the direct map are one product over
-//! the scored rows' `[hidden | inputs]`, the loss and its derivative one pass over the product,
-//! and the backward two products and two scatters. `mamba2-train`'s `Forecaster::loss` runs it on
-//! the CPU backends and keeps the tensor version as the reference both are tested against.
-
-use std::borrow::Cow;
+//! allocated, filled and read once more. Here the scored rows go in blocks that stay in a core's
+//! cache: each block's `[hidden | inputs]` is gathered, multiplied by the head and the direct
+//! map in one product, turned into the loss and its derivative in one pass, and, in training,
+//! into its share of every gradient (two more products and the cycle's fold) before the next
+//! block; the backward only scales those gradients by the incoming one. `mamba2-train`'s
+//! `Forecaster::loss` runs it on the CPU backends and keeps the tensor version as the reference
+//! both are tested against.
 
 use rayon::prelude::*;
 
-use crate::buffers::{build_rows, sum_partials};
+use crate::buffers::BUILD_CHUNK;
 use crate::float::{multiversion, reduce, HostFloat, LANES};
-use crate::matmul::{product, Mat};
+use crate::matmul::{matmul_serial, Mat};
 
 /// The sizes of a readout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,13 +99,16 @@ pub struct ReadoutPlan<'a, T> {
     pub loss: LossWeights,
 }
 
-/// What the forward keeps for the backward.
+/// What the forward keeps for the backward: the loss's gradients, which the backward scales.
 #[derive(Debug)]
 pub struct ReadoutSaved<T> {
-    /// The scored rows' `[hidden | inputs]`, `[rows, width]`.
-    x: Vec<T>,
-    /// The loss's derivative with respect to each forecast, `[rows, H]`.
-    dloss: Vec<T>,
+    /// `[n_seq, len, d_model]`, the stack's output's: moved out by the backward (which runs
+    /// once per graph) rather than copied, 2.75 MB at the default shape.
+    hidden: std::sync::Mutex<Vec<T>>,
+    /// `[width, H]`, the head's then the direct map's.
+    gw: Vec<T>,
+    /// The cycle's (empty without one).
+    q: Vec<T>,
 }
 
 /// The gradients of a readout's loss.
@@ -120,8 +124,8 @@ pub struct ReadoutGrads<T> {
     pub q: Vec<T>,
 }
 
-/// Scored rows per parallel task in the row-wise passes.
-const ROWS_PER_TASK: usize = 256;
+/// Scored rows per block of [`forward`] (a block's gather and forecasts stay in a core's cache).
+const ROWS_PER_TASK: usize = 128;
 
 fn check<T>(p: &ReadoutPlan<T>) {
     let d = p.dims;
@@ -188,142 +192,173 @@ fn next_phase(phase: usize, period: usize) -> usize {
 }
 
 /// The loss, and (with `keep`) what [`backward`] needs.
+///
+/// The scored rows are taken in blocks of [`ROWS_PER_TASK`]: each block's `[hidden | inputs]`
+/// is gathered, multiplied, turned into its loss and the loss's derivative, and (with `keep`)
+/// into its share of every gradient, while the block is in the core's cache. The gradients are
+/// those of the loss itself; [`backward`] multiplies them by the incoming gradient. Taken
+/// whole-matrix at a time, the same work wrote and read the `[rows, width]` gather and the
+/// `[rows, H]` forecasts and derivative to and from memory four more times.
 pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<ReadoutSaved<T>>) {
     check(p);
     let d = p.dims;
     let (m, h, k, dm) = (d.rows(), d.horizon, d.width(), d.d_model);
-    // The scored rows' left sides, gathered once: the product and the weights' gradient read them.
-    let ([x], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [k], |first, [block]| {
-        for (i, row) in block.chunks_mut(k).enumerate() {
-            let r = first + i;
-            let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
-            row[..dm].copy_from_slice(&p.hidden[at * dm..(at + 1) * dm]);
-            if let Some((inputs, _)) = p.direct {
-                row[dm..].copy_from_slice(&inputs[at * d.n_feat..(at + 1) * d.n_feat]);
-            }
-        }
-    });
     let mut w = p.head_w.to_vec();
     if let Some((_, dw)) = p.direct {
         w.extend_from_slice(dw);
     }
-    let mut y = product(m, h, k, Mat::rows(&x, k), Mat::rows(&w, h));
-    // One pass turns each forecast into its error's share of the loss and, in place, into the
-    // loss's derivative with respect to it.
+    // The head's transpose `[H, d_model]`, for each block's gradient of the stack's output.
+    let head_t: Vec<T> = (0..h * dm).map(|i| p.head_w[(i % dm) * h + i / dm]).collect();
     let count = (m * h) as f64;
     let (two_mse, mae) = (T::from(2.0 * p.loss.mse / count).expect("finite"), T::from(p.loss.mae / count).expect("finite"));
-    let sums: (f64, f64) = y
-        .par_chunks_mut(ROWS_PER_TASK * h)
-        .enumerate()
-        .map(|(task, block)| {
-            let (mut sq, mut ab) = (0.0f64, 0.0f64);
-            for (i, row) in block.chunks_mut(h).enumerate() {
-                let r = task * ROWS_PER_TASK + i;
-                let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
-                let truth = &p.truth[r * h..(r + 1) * h];
-                // The phase ahead advances by one per step and wraps without a division.
-                let mut cycle = p.cycle.map(|c| {
-                    let now = c.now[r] as usize;
-                    let series = &c.q[(now / c.period) * c.period..][..c.period];
-                    (series, next_phase(now % c.period, c.period), c.q[now])
-                });
-                for (s, v) in row.iter_mut().enumerate() {
-                    let mut f = *v;
-                    if let Some(scale) = scale {
-                        f = f * scale[s];
+    // The stack's output's gradient: zero but at the scored rows, which the blocks write.
+    let mut hidden = if keep { vec![T::zero(); d.n_seq * d.len * dm] } else { Vec::new() };
+    let hidden_at = hidden.as_mut_ptr() as usize;
+    let q_len = p.cycle.map_or(0, |c| c.q.len());
+    let total = (0..m.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .fold(
+            || Block::<T>::new(keep, k * h, q_len),
+            |mut acc, task| {
+                let (first, rows) = (task * ROWS_PER_TASK, ROWS_PER_TASK.min(m - task * ROWS_PER_TASK));
+                let at = |r: usize| (r / d.n_pos) * d.len + d.position(r % d.n_pos);
+                acc.x.clear();
+                for r in first..first + rows {
+                    acc.x.extend_from_slice(&p.hidden[at(r) * dm..(at(r) + 1) * dm]);
+                    if let Some((inputs, _)) = p.direct {
+                        acc.x.extend_from_slice(&inputs[at(r) * d.n_feat..(at(r) + 1) * d.n_feat]);
                     }
-                    if let Some((series, ahead, q_now)) = &mut cycle {
-                        f = f + series[*ahead] - *q_now;
-                        *ahead = next_phase(*ahead, series.len());
-                    }
-                    *v = f - truth[s];
                 }
-                let (row_sq, row_ab) = loss_row(row, two_mse, mae);
-                sq += row_sq.to_f64().expect("a float");
-                ab += row_ab.to_f64().expect("a float");
+                acc.y.resize(rows * h, T::zero());
+                matmul_serial(&mut acc.y, rows, h, k, Mat::rows(&acc.x, k), Mat::rows(&w, h), false);
+                for (i, row) in acc.y.chunks_mut(h).enumerate() {
+                    let r = first + i;
+                    let truth = &p.truth[r * h..(r + 1) * h];
+                    let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
+                    // The phase ahead advances by one per step and wraps without a division.
+                    let mut cycle = p.cycle.map(|c| {
+                        let now = c.now[r] as usize;
+                        let series = &c.q[(now / c.period) * c.period..][..c.period];
+                        (series, next_phase(now % c.period, c.period), c.q[now])
+                    });
+                    for (s, v) in row.iter_mut().enumerate() {
+                        let mut f = *v;
+                        if let Some(scale) = scale {
+                            f = f * scale[s];
+                        }
+                        if let Some((series, ahead, q_now)) = &mut cycle {
+                            f = f + series[*ahead] - *q_now;
+                            *ahead = next_phase(*ahead, series.len());
+                        }
+                        *v = f - truth[s];
+                    }
+                    // The row becomes the loss's derivative with respect to each forecast.
+                    let (row_sq, row_ab) = loss_row(row, two_mse, mae);
+                    acc.sq += row_sq.to_f64().expect("a float");
+                    acc.ab += row_ab.to_f64().expect("a float");
+                    if !keep {
+                        continue;
+                    }
+                    if let Some(c) = p.cycle {
+                        fold_cycle(&mut acc.q, &mut acc.fold, row, c.now[r] as usize, c.period);
+                    }
+                    // Before the scale, the derivative with respect to the products.
+                    if let Some(scale) = scale {
+                        row.iter_mut().zip(scale).for_each(|(g, &s)| *g = *g * s);
+                    }
+                }
+                if keep {
+                    matmul_serial(&mut acc.gw, k, h, rows, Mat::transposed(&acc.x, k), Mat::rows(&acc.y, h), true);
+                    acc.gx.resize(rows * dm, T::zero());
+                    matmul_serial(&mut acc.gx, rows, dm, h, Mat::rows(&acc.y, h), Mat::rows(&head_t, dm), false);
+                    for (i, g) in acc.gx.chunks(dm).enumerate() {
+                        // SAFETY: the buffer holds `n_seq * len * d_model` values and outlives
+                        // the pool's tasks; each scored row is one row of it, written by the one
+                        // task that holds that row.
+                        let row = unsafe { std::slice::from_raw_parts_mut((hidden_at as *mut T).add(at(first + i) * dm), dm) };
+                        row.copy_from_slice(g);
+                    }
+                }
+                acc
+            },
+        )
+        .reduce(|| Block::<T>::new(false, 0, 0), Block::add);
+    let loss = (p.loss.mse * total.sq + p.loss.mae * total.ab) / count;
+    (loss, keep.then(|| ReadoutSaved { hidden: std::sync::Mutex::new(hidden), gw: total.gw, q: total.q }))
+}
+
+/// One chain of blocks' running results (the rayon `fold` state), and its scratch buffers.
+struct Block<T> {
+    sq: f64,
+    ab: f64,
+    /// `[width, H]`: the head's and the direct map's gradient, summed over the chain's blocks.
+    gw: Vec<T>,
+    /// The cycle's gradient.
+    q: Vec<T>,
+    x: Vec<T>,
+    y: Vec<T>,
+    gx: Vec<T>,
+    fold: Vec<T>,
+}
+
+impl<T: HostFloat> Block<T> {
+    fn new(keep: bool, gw: usize, q: usize) -> Self {
+        let zeros = |n: usize| if keep { vec![T::zero(); n] } else { Vec::new() };
+        Block { sq: 0.0, ab: 0.0, gw: zeros(gw), q: zeros(q), x: Vec::new(), y: Vec::new(), gx: Vec::new(), fold: Vec::new() }
+    }
+
+    fn add(mut self, other: Self) -> Self {
+        self.sq += other.sq;
+        self.ab += other.ab;
+        for (mine, theirs) in [(&mut self.gw, other.gw), (&mut self.q, other.q)] {
+            if mine.is_empty() {
+                *mine = theirs;
+            } else if !theirs.is_empty() {
+                mine.iter_mut().zip(theirs).for_each(|(a, b)| *a = *a + b);
             }
-            (sq, ab)
-        })
-        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let loss = (p.loss.mse * sums.0 + p.loss.mae * sums.1) / count;
-    (loss, keep.then_some(ReadoutSaved { x, dloss: y }))
+        }
+        self
+    }
+}
+
+/// Adds one scored row's derivative `g` (before the scale) to the cycle's gradient `q`: the
+/// forecast `s + 1` steps after phase `now` added `q[ahead]` and took away `q[now]`. Steps a
+/// whole period apart land on the same phase, so the row is folded onto one period first
+/// (vector additions) and scattered `period` times rather than `H` times.
+fn fold_cycle<T: HostFloat>(q: &mut [T], fold: &mut Vec<T>, g: &[T], now: usize, period: usize) {
+    let base = (now / period) * period;
+    fold.clear();
+    fold.resize(period, T::zero());
+    for piece in g.chunks(period) {
+        fold.iter_mut().zip(piece).for_each(|(f, &v)| *f = *f + v);
+    }
+    let mut ahead = next_phase(now % period, period);
+    let mut total = T::zero();
+    let series = &mut q[base..base + period];
+    for &f in fold.iter() {
+        series[ahead] = series[ahead] + f;
+        ahead = next_phase(ahead, period);
+        total = total + f;
+    }
+    q[now] = q[now] - total;
 }
 
 /// The gradients of `gloss` times the loss with respect to the stack's output, the head, the
-/// direct map and the cycle.
+/// direct map and the cycle: those [`forward`] kept, times `gloss`.
+///
+/// # Panics
+/// When called twice with the same `saved`: the stack's output's gradient is moved out.
 pub fn backward<T: HostFloat>(p: &ReadoutPlan<T>, saved: &ReadoutSaved<T>, gloss: T) -> ReadoutGrads<T> {
     check(p);
     let d = p.dims;
-    let (m, h, k, dm) = (d.rows(), d.horizon, d.width(), d.d_model);
-    // The derivative with respect to the product, before the scale. Without a scale it is the
-    // saved derivative itself, and `gloss` multiplies the small results instead of it.
-    let (gy, factor) = match p.scale {
-        Some(s) => {
-            let ([gy], _) = build_rows::<T, (), 1>(m, ROWS_PER_TASK, [h], |first, [block]| {
-                let (src, s) = (&saved.dloss[first * h..first * h + block.len()], &s[first * h..first * h + block.len()]);
-                for ((o, &g), &s) in block.iter_mut().zip(src).zip(s) {
-                    *o = g * s * gloss;
-                }
-            });
-            (Cow::Owned(gy), T::one())
-        }
-        None => (Cow::Borrowed(&saved.dloss[..]), gloss),
-    };
-    let mut gw = product(k, h, m, Mat::transposed(&saved.x, k), Mat::rows(&gy, h));
-    let head_w: Cow<[T]> = if factor == T::one() {
-        Cow::Borrowed(p.head_w)
-    } else {
-        gw.iter_mut().for_each(|v| *v = *v * factor);
-        Cow::Owned(p.head_w.iter().map(|&w| w * factor).collect())
-    };
-    let gx = product(m, dm, h, Mat::rows(&gy, h), Mat::transposed(&head_w, h));
-    // Each sequence's rows of the stack's gradient, zero but at its scored rows.
-    let ([hidden], _) = build_rows::<T, (), 1>(d.n_seq, 1, [d.len * dm], |s, [block]| {
-        for j in 0..d.n_pos {
-            let (at, r) = (d.position(j) * dm, s * d.n_pos + j);
-            block[at..at + dm].copy_from_slice(&gx[r * dm..(r + 1) * dm]);
-        }
-    });
-    let q = match p.cycle {
-        Some(c) => {
-            let parts = saved
-                .dloss
-                .par_chunks(ROWS_PER_TASK * 16 * h)
-                .enumerate()
-                .map(|(task, block)| {
-                    let mut part = vec![T::zero(); c.q.len()];
-                    // Steps a whole period apart land on the same phase: each row is folded
-                    // onto one period first (vector additions), then scattered `period` times
-                    // rather than `H` times.
-                    let mut fold = vec![T::zero(); c.period];
-                    for (i, row) in block.chunks(h).enumerate() {
-                        let now = c.now[task * ROWS_PER_TASK * 16 + i] as usize;
-                        let base = (now / c.period) * c.period;
-                        fold.fill(T::zero());
-                        for piece in row.chunks(c.period) {
-                            fold.iter_mut().zip(piece).for_each(|(f, &g)| *f = *f + g);
-                        }
-                        let mut ahead = next_phase(now % c.period, c.period);
-                        let mut total = T::zero();
-                        let series = &mut part[base..base + c.period];
-                        for &f in &fold {
-                            series[ahead] = series[ahead] + f;
-                            ahead = next_phase(ahead, c.period);
-                            total = total + f;
-                        }
-                        part[now] = part[now] - total;
-                    }
-                    part
-                })
-                .collect();
-            let mut q = sum_partials(parts, c.q.len());
-            q.iter_mut().for_each(|v| *v = *v * gloss);
-            q
-        }
-        None => Vec::new(),
-    };
-    let (head_w, direct_w) = (gw[..dm * h].to_vec(), gw[dm * h..].to_vec());
-    ReadoutGrads { hidden, head_w, direct_w, q }
+    let dm_h = d.d_model * d.horizon;
+    let mut hidden = std::mem::take(&mut *saved.hidden.lock().unwrap_or_else(|e| e.into_inner()));
+    assert_eq!(hidden.len(), d.n_seq * d.len * d.d_model, "readout: the backward ran twice on the same forward");
+    if gloss != T::one() {
+        hidden.par_chunks_mut(BUILD_CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g = *g * gloss));
+    }
+    let times = |v: &[T]| v.iter().map(|&g| g * gloss).collect::<Vec<T>>();
+    ReadoutGrads { hidden, head_w: times(&saved.gw[..dm_h]), direct_w: times(&saved.gw[dm_h..]), q: times(&saved.q) }
 }
 
 #[cfg(test)]
@@ -426,5 +461,14 @@ mod tests {
         assert_eq!(g.hidden[(3 + 2) * 2..], [0.0, -1.0]);
         assert!(g.hidden[..(3 + 2) * 2].iter().all(|&v| v == 0.0));
         assert!(g.direct_w.is_empty() && g.q.is_empty());
+        // The stack's output's gradient was moved out: a second backward is refused, not wrong.
+        let again = std::panic::catch_unwind(|| backward(&plan, &saved_again(&plan), 1.0));
+        assert!(again.is_err());
+        fn saved_again(plan: &ReadoutPlan<f64>) -> ReadoutSaved<f64> {
+            let (_, saved) = forward(plan, true);
+            let saved = saved.unwrap();
+            let _ = backward(plan, &saved, 1.0);
+            saved
+        }
     }
 }

@@ -193,7 +193,7 @@ fn next_phase(phase: usize, period: usize) -> usize {
 
 /// The loss, and (with `keep`) what [`backward`] needs.
 ///
-/// The scored rows are taken in blocks of [`ROWS_PER_TASK`]: each block's `[hidden | inputs]`
+/// The scored rows are taken in blocks of 128: each block's `[hidden | inputs]`
 /// is gathered, multiplied, turned into its loss and the loss's derivative, and (with `keep`)
 /// into its share of every gradient, while the block is in the core's cache. The gradients are
 /// those of the loss itself; [`backward`] multiplies them by the incoming gradient. Taken

@@ -34,6 +34,16 @@ impl<'a, T> Mat<'a, T> {
 /// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`; `dst` is row-major `[m, n]`,
 /// `lhs` is `[m, k]` and `rhs` `[k, n]`. Runs on the rayon pool.
 pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+    matmul_on(dst, m, n, k, lhs, rhs, accumulate, true)
+}
+
+/// As [`matmul`], on the calling thread alone (inside a task of the pool that runs many).
+pub(crate) fn matmul_serial<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+    matmul_on(dst, m, n, k, lhs, rhs, accumulate, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_on<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool, pool: bool) {
     assert!(dst.len() == m * n, "matmul: a [{m}, {n}] product does not fit a buffer of {}", dst.len());
     if k == 0 {
         if !accumulate {
@@ -42,25 +52,7 @@ pub(crate) fn matmul<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, 
         return;
     }
     // SAFETY: `dst` holds `m * n` elements and is borrowed mutably.
-    unsafe { gemm_raw(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate) }
-}
-
-/// As [`matmul`], on the calling thread alone (inside a task of the pool that runs many).
-pub(crate) fn matmul_serial<T: HostFloat>(dst: &mut [T], m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
-    assert!(dst.len() == m * n, "matmul: a [{m}, {n}] product does not fit a buffer of {}", dst.len());
-    assert!(lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its operands");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            dst.fill(T::zero());
-        }
-        return;
-    }
-    // SAFETY: `dst` holds `m * n` elements and is borrowed mutably; the operands' ranges were
-    // checked above.
-    unsafe { gemm_call(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate, gemm::Parallelism::None) }
+    unsafe { gemm_raw(dst.as_mut_ptr(), m, n, k, lhs, rhs, accumulate, pool) }
 }
 
 /// `lhs · rhs` in a new row-major `[m, n]` buffer that the product writes directly: no zero fill
@@ -73,7 +65,7 @@ pub(crate) fn product<T: HostFloat>(m: usize, n: usize, k: usize, lhs: Mat<T>, r
     // SAFETY: the spare capacity holds `m * n` elements; with `accumulate = false` gemm writes
     // every one of them and reads none, so all are initialised when the length is set.
     unsafe {
-        gemm_raw(dst.spare_capacity_mut().as_mut_ptr().cast::<T>(), m, n, k, lhs, rhs, false);
+        gemm_raw(dst.spare_capacity_mut().as_mut_ptr().cast::<T>(), m, n, k, lhs, rhs, false, true);
         dst.set_len(m * n);
     }
     dst
@@ -111,16 +103,19 @@ pub(crate) fn affine<T: HostFloat>(
 }
 
 /// The product into `dst`, which must point to `m * n` writable elements (read too with
-/// `accumulate`), nothing else borrowing them; `k > 0`.
-unsafe fn gemm_raw<T: HostFloat>(dst: *mut T, m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool) {
+/// `accumulate`), nothing else borrowing them; `k > 0`. On the rayon pool with `pool`, else on
+/// the calling thread.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw<T: HostFloat>(dst: *mut T, m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>, accumulate: bool, pool: bool) {
     assert!(lhs.fits(m, k) && rhs.fits(k, n), "matmul: [{m}, {k}] x [{k}, {n}] does not fit its operands");
     if m == 0 || n == 0 {
         return;
     }
-    let parts = k_parts(m, n, k);
+    let parts = if pool { k_parts(m, n, k) } else { 1 };
     if parts <= 1 {
+        let parallelism = if pool { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
         // SAFETY: as this function's.
-        unsafe { gemm_call(dst, m, n, k, lhs, rhs, accumulate, gemm::Parallelism::Rayon(0)) };
+        unsafe { gemm_call(dst, m, n, k, lhs, rhs, accumulate, parallelism) };
         return;
     }
     // A weight's gradient is a small `[m, n]` summed over many rows (`k`): gemm splits only

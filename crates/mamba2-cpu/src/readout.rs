@@ -77,6 +77,23 @@ pub struct CycleRef<'a, T> {
     pub period: usize,
 }
 
+/// What followed each scored row, as the loss reads it: step `s` after scored row `r` (position
+/// `j` of sequence `i`) is `values[i * seq_stride + starts[j] + s] - level[r]`, in f64 and then
+/// in the element type. Training windows give each sequence's values once (`starts` are then the
+/// rows themselves, and positions share values), not `H` of them per scored row: 0.3 MB at the
+/// default shape instead of 4 MB written and read again.
+#[derive(Debug, Clone, Copy)]
+pub struct TruthRef<'a> {
+    /// Each sequence's values, `seq_stride` apart.
+    pub values: &'a [f64],
+    /// See `values`.
+    pub seq_stride: usize,
+    /// Where position `j`'s `H` values start in its sequence's, `[n_pos]`.
+    pub starts: &'a [usize],
+    /// The last value at each scored row, `[n_seq * n_pos]`.
+    pub level: &'a [f64],
+}
+
 /// A readout's inputs, as row-major slices.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadoutPlan<'a, T> {
@@ -93,8 +110,8 @@ pub struct ReadoutPlan<'a, T> {
     pub scale: Option<&'a [T]>,
     /// The learned cycle.
     pub cycle: Option<CycleRef<'a, T>>,
-    /// What followed each scored row minus its last value, `[n_seq * n_pos, H]`.
-    pub truth: &'a [T],
+    /// What followed each scored row, and its last value.
+    pub truth: TruthRef<'a>,
     /// The loss.
     pub loss: LossWeights,
 }
@@ -127,6 +144,9 @@ pub struct ReadoutGrads<T> {
 /// Scored rows per block of [`forward`] (a block's gather and forecasts stay in a core's cache).
 const ROWS_PER_TASK: usize = 128;
 
+/// Chains of blocks that [`forward`] sums separately (in parallel) and then adds in order.
+const CHAINS: usize = 16;
+
 fn check<T>(p: &ReadoutPlan<T>) {
     let d = p.dims;
     let (m, h) = (d.rows(), d.horizon);
@@ -138,7 +158,13 @@ fn check<T>(p: &ReadoutPlan<T>) {
         None => assert_eq!(d.n_feat, 0, "readout: inputs without a direct map"),
     }
     assert!(p.scale.is_none_or(|s| s.len() == m * h), "readout: scale");
-    assert_eq!(p.truth.len(), m * h, "readout: truth");
+    let t = p.truth;
+    assert!(t.starts.len() == d.n_pos && t.level.len() == m, "readout: truth's positions and levels");
+    // The last sequence's furthest position reads furthest.
+    if let Some(last) = d.n_seq.checked_sub(1) {
+        let end = last * t.seq_stride + t.starts.iter().max().expect("n_pos >= 1") + h;
+        assert!(end <= t.values.len(), "readout: the truth holds {} values, not the {end} its positions read", t.values.len());
+    }
     if let Some(c) = &p.cycle {
         assert!(c.period >= 1 && c.now.len() == m, "readout: cycle rows");
         assert!(c.now.iter().all(|&r| r >= 0 && (r as usize) < c.q.len()), "readout: a cycle row outside the table");
@@ -207,82 +233,88 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
     if let Some((_, dw)) = p.direct {
         w.extend_from_slice(dw);
     }
-    // The head's transpose `[H, d_model]`, for each block's gradient of the stack's output.
-    let head_t: Vec<T> = (0..h * dm).map(|i| p.head_w[(i % dm) * h + i / dm]).collect();
     let count = (m * h) as f64;
     let (two_mse, mae) = (T::from(2.0 * p.loss.mse / count).expect("finite"), T::from(p.loss.mae / count).expect("finite"));
     // The stack's output's gradient: zero but at the scored rows, which the blocks write.
     let mut hidden = if keep { vec![T::zero(); d.n_seq * d.len * dm] } else { Vec::new() };
     let hidden_at = hidden.as_mut_ptr() as usize;
     let q_len = p.cycle.map_or(0, |c| c.q.len());
-    let total = (0..m.div_ceil(ROWS_PER_TASK))
+    let block = |mut acc: Block<T>, task: usize| {
+        let (first, rows) = (task * ROWS_PER_TASK, ROWS_PER_TASK.min(m - task * ROWS_PER_TASK));
+        let at = |r: usize| (r / d.n_pos) * d.len + d.position(r % d.n_pos);
+        acc.x.clear();
+        for r in first..first + rows {
+            acc.x.extend_from_slice(&p.hidden[at(r) * dm..(at(r) + 1) * dm]);
+            if let Some((inputs, _)) = p.direct {
+                acc.x.extend_from_slice(&inputs[at(r) * d.n_feat..(at(r) + 1) * d.n_feat]);
+            }
+        }
+        acc.y.resize(rows * h, T::zero());
+        matmul_serial(&mut acc.y, rows, h, k, Mat::rows(&acc.x, k), Mat::rows(&w, h), false);
+        for (i, row) in acc.y.chunks_mut(h).enumerate() {
+            let r = first + i;
+            let t = p.truth;
+            let at_truth = (r / d.n_pos) * t.seq_stride + t.starts[r % d.n_pos];
+            let (truth, level) = (&t.values[at_truth..at_truth + h], t.level[r]);
+            let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
+            // The phase ahead advances by one per step and wraps without a division.
+            let mut cycle = p.cycle.map(|c| {
+                let now = c.now[r] as usize;
+                let series = &c.q[(now / c.period) * c.period..][..c.period];
+                (series, next_phase(now % c.period, c.period), c.q[now])
+            });
+            for (s, v) in row.iter_mut().enumerate() {
+                let mut f = *v;
+                if let Some(scale) = scale {
+                    f = f * scale[s];
+                }
+                if let Some((series, ahead, q_now)) = &mut cycle {
+                    f = f + series[*ahead] - *q_now;
+                    *ahead = next_phase(*ahead, series.len());
+                }
+                *v = f - T::from(truth[s] - level).expect("a float");
+            }
+            // The row becomes the loss's derivative with respect to each forecast.
+            let (row_sq, row_ab) = loss_row(row, two_mse, mae);
+            acc.sq += row_sq.to_f64().expect("a float");
+            acc.ab += row_ab.to_f64().expect("a float");
+            if !keep {
+                continue;
+            }
+            if let Some(c) = p.cycle {
+                fold_cycle(&mut acc.q, &mut acc.fold, row, c.now[r] as usize, c.period);
+            }
+            // Before the scale, the derivative with respect to the products.
+            if let Some(scale) = scale {
+                row.iter_mut().zip(scale).for_each(|(g, &s)| *g = *g * s);
+            }
+        }
+        if keep {
+            matmul_serial(&mut acc.gw, k, h, rows, Mat::transposed(&acc.x, k), Mat::rows(&acc.y, h), true);
+            acc.gx.resize(rows * dm, T::zero());
+            matmul_serial(&mut acc.gx, rows, dm, h, Mat::rows(&acc.y, h), Mat::transposed(p.head_w, h), false);
+            for (i, g) in acc.gx.chunks(dm).enumerate() {
+                // SAFETY: the buffer holds `n_seq * len * d_model` values and outlives
+                // the pool's tasks; each scored row is one row of it, written by the one
+                // task that holds that row.
+                let row = unsafe { std::slice::from_raw_parts_mut((hidden_at as *mut T).add(at(first + i) * dm), dm) };
+                row.copy_from_slice(g);
+            }
+        }
+        acc
+    };
+    // A fixed number of chains of consecutive blocks, each summed in order, and the chains'
+    // sums added in order: the loss and the gradients are the same to the last bit on any
+    // number of threads and from run to run (a pool's own split of the work is not), so that a
+    // seed gives one training run.
+    let blocks = m.div_ceil(ROWS_PER_TASK);
+    let per_chain = blocks.div_ceil(CHAINS).max(1);
+    let total = (0..blocks.div_ceil(per_chain))
         .into_par_iter()
-        .fold(
-            || Block::<T>::new(keep, k * h, q_len),
-            |mut acc, task| {
-                let (first, rows) = (task * ROWS_PER_TASK, ROWS_PER_TASK.min(m - task * ROWS_PER_TASK));
-                let at = |r: usize| (r / d.n_pos) * d.len + d.position(r % d.n_pos);
-                acc.x.clear();
-                for r in first..first + rows {
-                    acc.x.extend_from_slice(&p.hidden[at(r) * dm..(at(r) + 1) * dm]);
-                    if let Some((inputs, _)) = p.direct {
-                        acc.x.extend_from_slice(&inputs[at(r) * d.n_feat..(at(r) + 1) * d.n_feat]);
-                    }
-                }
-                acc.y.resize(rows * h, T::zero());
-                matmul_serial(&mut acc.y, rows, h, k, Mat::rows(&acc.x, k), Mat::rows(&w, h), false);
-                for (i, row) in acc.y.chunks_mut(h).enumerate() {
-                    let r = first + i;
-                    let truth = &p.truth[r * h..(r + 1) * h];
-                    let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
-                    // The phase ahead advances by one per step and wraps without a division.
-                    let mut cycle = p.cycle.map(|c| {
-                        let now = c.now[r] as usize;
-                        let series = &c.q[(now / c.period) * c.period..][..c.period];
-                        (series, next_phase(now % c.period, c.period), c.q[now])
-                    });
-                    for (s, v) in row.iter_mut().enumerate() {
-                        let mut f = *v;
-                        if let Some(scale) = scale {
-                            f = f * scale[s];
-                        }
-                        if let Some((series, ahead, q_now)) = &mut cycle {
-                            f = f + series[*ahead] - *q_now;
-                            *ahead = next_phase(*ahead, series.len());
-                        }
-                        *v = f - truth[s];
-                    }
-                    // The row becomes the loss's derivative with respect to each forecast.
-                    let (row_sq, row_ab) = loss_row(row, two_mse, mae);
-                    acc.sq += row_sq.to_f64().expect("a float");
-                    acc.ab += row_ab.to_f64().expect("a float");
-                    if !keep {
-                        continue;
-                    }
-                    if let Some(c) = p.cycle {
-                        fold_cycle(&mut acc.q, &mut acc.fold, row, c.now[r] as usize, c.period);
-                    }
-                    // Before the scale, the derivative with respect to the products.
-                    if let Some(scale) = scale {
-                        row.iter_mut().zip(scale).for_each(|(g, &s)| *g = *g * s);
-                    }
-                }
-                if keep {
-                    matmul_serial(&mut acc.gw, k, h, rows, Mat::transposed(&acc.x, k), Mat::rows(&acc.y, h), true);
-                    acc.gx.resize(rows * dm, T::zero());
-                    matmul_serial(&mut acc.gx, rows, dm, h, Mat::rows(&acc.y, h), Mat::rows(&head_t, dm), false);
-                    for (i, g) in acc.gx.chunks(dm).enumerate() {
-                        // SAFETY: the buffer holds `n_seq * len * d_model` values and outlives
-                        // the pool's tasks; each scored row is one row of it, written by the one
-                        // task that holds that row.
-                        let row = unsafe { std::slice::from_raw_parts_mut((hidden_at as *mut T).add(at(first + i) * dm), dm) };
-                        row.copy_from_slice(g);
-                    }
-                }
-                acc
-            },
-        )
-        .reduce(|| Block::<T>::new(false, 0, 0), Block::add);
+        .map(|chain| (chain * per_chain..blocks.min((chain + 1) * per_chain)).fold(Block::<T>::new(keep, k * h, q_len), block))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(Block::<T>::new(false, 0, 0), Block::add);
     let loss = (p.loss.mse * total.sq + p.loss.mae * total.ab) / count;
     (loss, keep.then(|| ReadoutSaved { hidden: std::sync::Mutex::new(hidden), gw: total.gw, q: total.q }))
 }
@@ -375,7 +407,10 @@ mod tests {
         let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
         let m = d.rows();
         let scale: Vec<f64> = wave(m * d.horizon, 0.11).iter().map(|v| 1.5 + v).collect();
-        let truth = wave(m * d.horizon, 0.43);
+        // Each scored row's own `H` values (as evaluation batches hold them), and levels.
+        let (truth, level) = (wave(m * d.horizon, 0.43), wave(m, 0.61));
+        let starts: Vec<usize> = (0..d.n_pos).map(|j| j * d.horizon).collect();
+        let truth_ref = TruthRef { values: &truth, seq_stride: d.n_pos * d.horizon, starts: &starts, level: &level };
         let (period, q) = (5, wave(2 * 5, 0.9));
         let now: Vec<i64> = (0..m).map(|r| ((r % 2) * period + (r * 3) % period) as i64).collect();
         let loss = LossWeights { mse: 0.7, mae: 1.3 };
@@ -392,7 +427,7 @@ mod tests {
                         let (base, phase) = ((now[r] as usize / period) * period, now[r] as usize % period);
                         let e = f * scale[r * d.horizon + s] + q[base + (phase + s + 1) % period]
                             - q[now[r] as usize]
-                            - truth[r * d.horizon + s];
+                            - (truth[r * d.horizon + s] - level[r]);
                         total += loss.mse * e * e + loss.mae * e.abs();
                     }
                 }
@@ -405,7 +440,7 @@ mod tests {
                 direct: Some((&inputs, &direct_w)),
                 scale: scaled.then_some(&scale[..]),
                 cycle: Some(CycleRef { q: &q, now: &now, period }),
-                truth: &truth,
+                truth: truth_ref,
                 loss,
             };
             let (value, saved) = forward(&plan, true);
@@ -437,13 +472,51 @@ mod tests {
         }
     }
 
+    /// The loss and every gradient are the same to the last bit on one thread and on three (f32,
+    /// 20 blocks of rows): a seed gives one training run whatever the machine's cores.
+    #[test]
+    fn the_sums_do_not_depend_on_the_threads() {
+        let d = ReadoutDims { n_seq: 40, len: 64, n_pos: 64, every: 1, d_model: 8, n_feat: 5, horizon: 12 };
+        let wave = |n: usize, f: f32| (0..n).map(|i| ((i as f32 + 1.0) * f).sin()).collect::<Vec<f32>>();
+        let (hidden, inputs) = (wave(d.n_seq * d.len * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
+        let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
+        let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon - 1)).map(|i| (i as f64 * 0.43).sin()).collect();
+        let level: Vec<f64> = (0..d.rows()).map(|r| (r as f64 * 0.61).cos()).collect();
+        let starts: Vec<usize> = (0..d.n_pos).map(|j| d.position(j)).collect();
+        let now: Vec<i64> = (0..d.rows()).map(|r| (r % 24) as i64).collect();
+        let q = wave(24, 0.9);
+        let plan = ReadoutPlan {
+            dims: d,
+            hidden: &hidden,
+            head_w: &head_w,
+            direct: Some((&inputs, &direct_w)),
+            scale: None,
+            cycle: Some(CycleRef { q: &q, now: &now, period: 24 }),
+            truth: TruthRef { values: &values, seq_stride: d.len + d.horizon - 1, starts: &starts, level: &level },
+            loss: LossWeights { mse: 1.0, mae: 0.5 },
+        };
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+            pool.install(|| {
+                let (loss, saved) = forward(&plan, true);
+                (loss, backward(&plan, &saved.expect("kept"), 1.0))
+            })
+        };
+        let (one, three) = (on(1), on(3));
+        assert_eq!(one.0.to_bits(), three.0.to_bits(), "loss {} vs {}", one.0, three.0);
+        assert_eq!(one.1, three.1, "the gradients differ");
+    }
+
     /// Without a direct map, scale or cycle the readout is the head alone.
     #[test]
     fn the_head_alone() {
         let d = ReadoutDims { n_seq: 2, len: 3, n_pos: 1, every: 1, d_model: 2, n_feat: 0, horizon: 2 };
         let hidden = [1.0, 2.0, 0.0, 0.0, 3.0, -1.0, 0.5, 0.5, 0.0, 0.0, 2.0, 1.0];
         let head_w = [1.0, 0.0, 0.0, 1.0];
-        let truth = [3.0, -1.0, 2.0, 3.0];
+        // Each sequence's values after its first row, shared by the positions (here one per
+        // sequence, at row 2, reading values 2 and 3), and the levels taken from them.
+        let values = [0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 5.0, 6.0];
+        let truth = TruthRef { values: &values, seq_stride: 4, starts: &[2], level: &[1.0, 3.0] };
         let plan = ReadoutPlan {
             dims: d,
             hidden: &hidden,
@@ -451,7 +524,7 @@ mod tests {
             direct: None,
             scale: None,
             cycle: None,
-            truth: &truth,
+            truth,
             loss: LossWeights { mse: 1.0, mae: 0.0 },
         };
         // Forecasts [3, -1] (exact) and [2, 1] (2 short of 3 at the second step): 4 over 4 values.

@@ -118,9 +118,10 @@ pub struct HostBatch<E> {
     /// The values that followed each forecast position, `[n_seq, n_pos, H]`, where known and
     /// built with [`Truth::Values`].
     pub truth: Vec<f64>,
-    /// The values that followed each forecast position minus its level, `[n_seq, n_pos, H]`, in
-    /// the element type: what training fits, where known and built with [`Truth::Relative`].
-    pub truth_rel: Vec<E>,
+    /// Each sequence's values after its first row, `[n_seq, len + H - 1]`, where known and built
+    /// with [`Truth::Relative`]: the `H` values that followed the forecast position at row `t`
+    /// are those from `t` on.
+    pub ahead: Vec<f64>,
 }
 
 /// How [`FeatureMap::build`] keeps the values that followed each forecast position.
@@ -128,9 +129,9 @@ pub struct HostBatch<E> {
 pub enum Truth {
     /// As they are, in f64 ([`HostBatch::truth`]): what evaluation compares forecasts with.
     Values,
-    /// Minus the position's level, in the batch's element type ([`HostBatch::truth_rel`]): what
-    /// training fits. At the default shape that is 4 MB written, where the values would be 8 MB
-    /// and then 4 MB more converted from them.
+    /// Once per sequence ([`HostBatch::ahead`]), since the forecast positions' values overlap:
+    /// what training fits, each position's values minus its level. At the default shape that is
+    /// 0.3 MB written, where the positions' values, each `H` of them, would be 8 MB.
     Relative,
 }
 
@@ -157,6 +158,18 @@ pub struct RowEncoder {
     recent: Vec<VecDeque<f64>>,
     /// The row's inputs that every series shares (calendar, covariates), kept to be reused.
     shared: Vec<f64>,
+    /// The sine and cosine of every phase of each calendar period (empty for a period too long
+    /// to tabulate): a training batch reads them for every row of every history, and a table
+    /// lookup gives the same values as computing them each time.
+    phases: std::sync::Arc<[Vec<(f64, f64)>]>,
+}
+
+/// Calendar periods up to this many rows have their phases' sines and cosines tabulated.
+const PHASE_TABLE_MAX: usize = 1 << 14;
+
+/// The sine and cosine of the angle of `phase` in a cycle of `period` rows.
+fn phase_angle(phase: usize, period: usize) -> (f64, f64) {
+    (std::f64::consts::TAU * phase as f64 / period as f64).sin_cos()
 }
 
 impl RowEncoder {
@@ -167,6 +180,20 @@ impl RowEncoder {
             covariates: map.covariates.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
             recent: map.targets.iter().map(|_| VecDeque::with_capacity(map.patch)).collect(),
             shared: Vec::with_capacity(map.n_feat()),
+            phases: map
+                .calendar
+                .iter()
+                .flat_map(|c| &c.periods)
+                .map(
+                    |&period| {
+                        if period <= PHASE_TABLE_MAX {
+                            (0..period).map(|phase| phase_angle(phase, period)).collect()
+                        } else {
+                            Vec::new()
+                        }
+                    },
+                )
+                .collect(),
             map: map.clone(),
         }
     }
@@ -181,22 +208,34 @@ impl RowEncoder {
     /// references into `refs`.
     pub fn push(&mut self, row: &[f64], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
         let f_n = self.map.n_feat();
-        self.push_strided(row, clock, inputs, f_n, refs);
+        // SAFETY: `MaybeUninit<f64>` has the layout of `f64`, and `push_strided` writes only
+        // initialised values through the view.
+        let view = unsafe { &mut *(inputs as *mut [f64] as *mut [MaybeUninit<f64>]) };
+        self.push_strided(row, clock, view, f_n, refs);
     }
 
     /// [`push`](Self::push) with series `c`'s inputs written at `inputs[c * stride..]` in the
-    /// element type `E`: training windows write each row straight into its place in the batch.
-    pub(crate) fn push_strided<E: Element>(&mut self, row: &[f64], clock: i64, inputs: &mut [E], stride: usize, refs: &mut [RowRef]) {
+    /// element type `E`: training windows write each row straight into its place in the batch,
+    /// which needs no zero fill first, since all `n_feat` values of each series are written.
+    pub(crate) fn push_strided<E: Element>(
+        &mut self,
+        row: &[f64],
+        clock: i64,
+        inputs: &mut [MaybeUninit<E>],
+        stride: usize,
+        refs: &mut [RowRef],
+    ) {
         let m = &self.map;
         let f_n = m.n_feat();
         let t_n = m.targets.len();
         let shared = &mut self.shared;
         shared.clear();
         if let Some(cal) = &m.calendar {
-            for k in 0..cal.periods.len() {
-                let angle = std::f64::consts::TAU * cal.phase(clock, k) as f64 / cal.periods[k] as f64;
-                shared.push(angle.sin());
-                shared.push(angle.cos());
+            for (k, table) in self.phases.iter().enumerate() {
+                let phase = cal.phase(clock, k);
+                let (sin, cos) = table.get(phase).copied().unwrap_or_else(|| phase_angle(phase, cal.periods[k]));
+                shared.push(sin);
+                shared.push(cos);
             }
         }
         for (&j, st) in m.covariates.iter().zip(self.covariates.iter_mut()) {
@@ -222,14 +261,17 @@ impl RowEncoder {
             let (patch, rest) = rest.split_at_mut(older.len());
             centered(patch, older, mean, inv);
             let oldest = recent.back().copied().unwrap_or(x);
-            rest.fill(E::from_elem((oldest - mean) * inv));
+            rest.fill(MaybeUninit::new(E::from_elem((oldest - mean) * inv)));
             for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(shared.iter()) {
-                *o = E::from_elem(v);
+                *o = MaybeUninit::new(E::from_elem(v));
             }
+            // The code, when there is one, fills the row to its end; without one the patch and
+            // the shared inputs already do: every value of `out` is written.
+            let code = &mut out[m.patch + shared.len()..];
+            assert!(m.series_code || code.is_empty(), "push: {} of a row's {f_n} inputs not written", code.len());
             if m.series_code {
-                let code = &mut out[m.patch + shared.len()..];
-                code.fill(E::from_elem(0.0));
-                code[c] = E::from_elem(1.0);
+                code.fill(MaybeUninit::new(E::from_elem(0.0)));
+                code[c] = MaybeUninit::new(E::from_elem(1.0));
             }
             let cycle_row = if m.cycle_period > 0 { (c * m.cycle_period) as i64 + clock.rem_euclid(m.cycle_period as i64) } else { 0 };
             refs[c] = RowRef { level: x, scale: sd, cycle_row };
@@ -238,31 +280,24 @@ impl RowEncoder {
     }
 }
 
-/// A piece of a buffer's spare capacity, zeroed and then seen as initialised values.
-fn zero<E: Element>(piece: &mut [MaybeUninit<E>]) -> &mut [E] {
-    piece.fill(MaybeUninit::new(E::from_elem(0.0)));
-    // SAFETY: every element was just written, and `MaybeUninit<E>` has the layout of `E`.
-    unsafe { &mut *(piece as *mut [MaybeUninit<E>] as *mut [E]) }
-}
-
 /// `out[i] = (src[i] - mean) * inv` in the element type: a row's patch, most of what a batch
 /// writes. It is also compiled for AVX2 and AVX-512 and chosen at run time, since the default
 /// target's SSE2 converts two values per instruction.
-fn centered<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+fn centered<E: Element>(out: &mut [MaybeUninit<E>], src: &[f64], mean: f64, inv: f64) {
     #[inline(always)]
-    fn body<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+    fn body<E: Element>(out: &mut [MaybeUninit<E>], src: &[f64], mean: f64, inv: f64) {
         for (o, &v) in out.iter_mut().zip(src) {
-            *o = E::from_elem((v - mean) * inv);
+            *o = MaybeUninit::new(E::from_elem((v - mean) * inv));
         }
     }
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
-        fn avx512<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+        fn avx512<E: Element>(out: &mut [MaybeUninit<E>], src: &[f64], mean: f64, inv: f64) {
             body(out, src, mean, inv)
         }
         #[target_feature(enable = "avx2")]
-        fn avx2<E: Element>(out: &mut [E], src: &[f64], mean: f64, inv: f64) {
+        fn avx2<E: Element>(out: &mut [MaybeUninit<E>], src: &[f64], mean: f64, inv: f64) {
             body(out, src, mean, inv)
         }
         if std::is_x86_feature_detected!("avx512f") {
@@ -308,24 +343,25 @@ impl FeatureMap {
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
         let cycled = self.cycle_period > 0;
         let (absolute, relative) = (with_truth && truth_as == Truth::Values, with_truth && truth_as == Truth::Relative);
-        let (n_inputs, n_truth_rel) = (n_seq * len * f_n, if relative { n_seq * n_pos * h } else { n_seq });
+        let n_inputs = n_seq * len * f_n;
         let mut b = HostBatch {
             n_seq,
             len,
             n_feat: f_n,
             n_pos,
             every,
-            // The two large buffers (13 MB at the default shape) are zeroed piece by piece below,
-            // by the task that then writes the piece while it is in that core's cache.
+            // The large buffer (9 MB at the default shape) is written piece by piece below, each
+            // value once, with no zero fill first (a quarter of the build's time).
             inputs: Vec::with_capacity(n_inputs),
             level: vec![0.0; n_seq * n_pos],
             scale: vec![0.0; n_seq * n_pos],
             // Filled in pieces below whether or not they are wanted, and emptied after when not.
             cycle_now: vec![0; n_seq * n_pos],
             truth: vec![0.0; if absolute { n_seq * n_pos * h } else { n_seq }],
-            truth_rel: Vec::with_capacity(n_truth_rel),
+            ahead: vec![0.0; if relative { n_seq * (len + h - 1) } else { n_seq }],
         };
-        let zeroed = std::sync::atomic::AtomicUsize::new(0);
+        let written = std::sync::atomic::AtomicUsize::new(0);
+        let prototype = RowEncoder::new(self);
         // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
         let per = |v: usize| v.max(1);
         let pieces = b.inputs.spare_capacity_mut()[..n_inputs]
@@ -334,13 +370,13 @@ impl FeatureMap {
             .zip(b.scale.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.cycle_now.par_chunks_mut(per(t_n * n_pos)))
             .zip(b.truth.par_chunks_mut(if absolute { per(t_n * n_pos * h) } else { per(t_n) }))
-            .zip(b.truth_rel.spare_capacity_mut()[..n_truth_rel].par_chunks_mut(if relative { per(t_n * n_pos * h) } else { per(t_n) }))
+            .zip(b.ahead.par_chunks_mut(if relative { per(t_n * (len + h - 1)) } else { per(t_n) }))
             .zip(starts.par_iter());
-        pieces.for_each(|((((((inputs, level), scale), cycle_now), truth), truth_rel), &s)| {
-            zeroed.fetch_add(inputs.len() + truth_rel.len(), std::sync::atomic::Ordering::Relaxed);
-            let (inputs, truth_rel) = (zero(inputs), zero(truth_rel));
+        pieces.for_each(|((((((inputs, level), scale), cycle_now), truth), piece_ahead), &s)| {
+            // Inputs written into this piece, checked against its length.
+            let mut count = 0;
             let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
-            let mut enc = RowEncoder::new(self);
+            let mut enc = prototype.clone();
             // Each target's values after the history, in one slice: the truth of every forecast
             // position is then a copy, not `H` lookups through the rows.
             let ahead: Vec<Vec<f64>> = if with_truth {
@@ -348,9 +384,15 @@ impl FeatureMap {
             } else {
                 Vec::new()
             };
+            if relative {
+                for (o, a) in piece_ahead.chunks_mut(len + h - 1).zip(&ahead) {
+                    o.copy_from_slice(a);
+                }
+            }
             for p in 0..len {
                 let r = s + p;
                 enc.push_strided(&rows[r], clock[r], &mut inputs[p * f_n..], len * f_n, &mut refs);
+                count += t_n * f_n;
                 for c in 0..t_n {
                     let back = len - 1 - p;
                     if !back.is_multiple_of(every) || back / every >= n_pos {
@@ -362,19 +404,20 @@ impl FeatureMap {
                     cycle_now[q] = refs[c].cycle_row;
                     if absolute {
                         truth[q * h..(q + 1) * h].copy_from_slice(&ahead[c][p..p + h]);
-                    } else if relative {
-                        centered(&mut truth_rel[q * h..(q + 1) * h], &ahead[c][p..p + h], refs[c].level, 1.0);
                     }
                 }
             }
+            // A piece is written at distinct places (rows, series), so a count equal to its
+            // length means every value of it was written.
+            assert_eq!(count, inputs.len(), "build: a piece of the inputs was not written");
+            written.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
         });
-        // Every piece of both buffers was zeroed (and then written) by exactly one task.
-        assert_eq!(zeroed.into_inner(), n_inputs + n_truth_rel, "build: a piece of the batch was not written");
-        // SAFETY: the pieces above cover the first `n_inputs` and `n_truth_rel` elements of the
-        // two buffers' capacity, and `zero` initialised every element of each piece.
+        // Every piece was written in full by exactly one task.
+        assert_eq!(written.into_inner(), n_inputs, "build: a piece of the inputs was not written");
+        // SAFETY: the pieces above cover the first `n_inputs` elements of the buffer's capacity,
+        // and each piece was found written in full.
         unsafe {
             b.inputs.set_len(n_inputs);
-            b.truth_rel.set_len(n_truth_rel);
         }
         if !cycled {
             b.cycle_now.clear();
@@ -383,7 +426,7 @@ impl FeatureMap {
             b.truth.clear();
         }
         if !relative {
-            b.truth_rel.clear();
+            b.ahead.clear();
         }
         b
     }
@@ -456,13 +499,18 @@ mod tests {
         assert_eq!(both.inputs, [x.inputs, y.inputs].concat());
         assert_eq!(both.truth, [x.truth, y.truth].concat());
         assert_eq!(both.cycle_now, [x.cycle_now, y.cycle_now].concat());
-        // Built for training, the same batch holds its truth relative to each position's level,
-        // and the same inputs.
-        let rel = map.build::<f64>(&rows, &clock, &[10, 30], 20, 2, 1, Truth::Relative);
-        assert!(rel.truth.is_empty() && both.truth_rel.is_empty());
-        assert_eq!((rel.inputs, rel.level.clone(), rel.scale, rel.cycle_now), (both.inputs, both.level, both.scale, both.cycle_now));
-        let want: Vec<f64> = both.truth.chunks(3).zip(&rel.level).flat_map(|(t, l)| t.iter().map(move |v| v - l)).collect();
-        assert_eq!(rel.truth_rel, want);
-        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Relative).truth_rel.is_empty());
+        // Built for training, the same batch holds each sequence's values after its first row
+        // once, where every forecast position's values are found from its row on, and the same
+        // inputs (here with positions 2 rows apart).
+        let vals = map.build::<f64>(&rows, &clock, &[10, 30], 20, 3, 2, Truth::Values);
+        let rel = map.build::<f64>(&rows, &clock, &[10, 30], 20, 3, 2, Truth::Relative);
+        assert!(rel.truth.is_empty() && vals.ahead.is_empty());
+        assert_eq!(rel.ahead.len(), 2 * (20 + 3 - 1));
+        for (q, want) in vals.truth.chunks(3).enumerate() {
+            let (seq, row) = (q / 3, 19 - (2 - q % 3) * 2);
+            assert_eq!(&rel.ahead[seq * 22 + row..][..3], want, "position {q}");
+        }
+        assert_eq!((rel.inputs, rel.level, rel.scale, rel.cycle_now), (vals.inputs, vals.level, vals.scale, vals.cycle_now));
+        assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Relative).ahead.is_empty());
     }
 }

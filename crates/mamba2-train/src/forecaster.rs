@@ -15,6 +15,7 @@ use burn::tensor::Element;
 use mamba2_model::{linear_rows, ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use crate::calendar::Calendar;
 use crate::features::{FeatureMap, HostBatch, Truth};
@@ -269,15 +270,60 @@ pub struct Batch<B: Backend> {
     /// `[n_seq * n_pos]`: the row `series * period + phase` of each forecast position in the
     /// cycle's step table, when the model has a cycle.
     pub cycle_now: Option<Tensor<B, 1, Int>>,
-    /// `[n_seq, n_pos, H]`: what followed each forecast position minus its last value, when
-    /// known: the target of [`Forecaster::forward_relative`].
-    pub truth_rel: Option<Tensor<B, 3>>,
+    /// What followed each forecast position minus its last value, when known: the target of
+    /// [`Forecaster::forward_relative`], kept on the host as the batch holds it.
+    pub truth: Option<Arc<RelativeTruth>>,
     /// Forecast positions per sequence.
     pub n_pos: usize,
     /// `[n_pos]`, the rows of the forecast positions, when they are not the last `n_pos` rows.
     pub positions: Option<Tensor<B, 1, Int>>,
     /// Rows between forecast positions: they are the last row and every `every`-th before it.
     pub every: usize,
+}
+
+/// What followed each forecast position of a batch, relative to its last value: step `s`
+/// after position `j` of sequence `i` is `values[i * seq_stride + starts[j] + s] - level`. A
+/// training batch holds each sequence's values once (the positions' overlap), an evaluation batch
+/// each position's own `H` values.
+#[derive(Debug, Clone)]
+pub struct RelativeTruth {
+    values: Vec<f64>,
+    seq_stride: usize,
+    starts: Vec<usize>,
+    level: Vec<f64>,
+    horizon: usize,
+}
+
+impl RelativeTruth {
+    /// Forecast positions in all, `n_seq * n_pos`.
+    pub fn positions(&self) -> usize {
+        self.level.len()
+    }
+
+    /// Step `s` (`0..H`) after forecast position `q` (`0..positions()`, sequence after
+    /// sequence), minus the position's last value.
+    pub fn get(&self, q: usize, s: usize) -> f64 {
+        let n_pos = self.starts.len();
+        self.values[(q / n_pos) * self.seq_stride + self.starts[q % n_pos] + s] - self.level[q]
+    }
+
+    /// `[n_seq, n_pos, H]` on `device`, for the loss as tensor operations.
+    pub fn tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 3> {
+        let (n_pos, h) = (self.starts.len().max(1), self.horizon);
+        let mut out = vec![B::FloatElem::from_elem(0.0); self.positions() * h];
+        // A million values at the default shape: written in parallel, in place.
+        out.par_chunks_mut(h.max(1)).enumerate().for_each(|(q, o)| {
+            for (s, o) in o.iter_mut().enumerate() {
+                *o = B::FloatElem::from_elem(self.get(q, s));
+            }
+        });
+        Tensor::from_data(TensorData::new(out, [self.positions() / n_pos, n_pos, h]), device)
+    }
+
+    /// The form the fused loss reads.
+    pub(crate) fn view(&self) -> mamba2_cpu::readout::TruthRef<'_> {
+        mamba2_cpu::readout::TruthRef { values: &self.values, seq_stride: self.seq_stride, starts: &self.starts, level: &self.level }
+    }
 }
 
 fn int_tensor<B: Backend>(v: &[i64], device: &B::Device) -> Tensor<B, 1, Int> {
@@ -298,27 +344,21 @@ impl<E: Element> HostBatch<E> {
             out
         };
         let repeat = |v: &[f64]| per_position(&|q, o| o.fill(E::from_elem(v[q])));
-        let rel = |truth: &[f64]| {
-            per_position(&|q, o| {
-                let l = self.level[q];
-                for (o, &t) in o.iter_mut().zip(&truth[q * h..(q + 1) * h]) {
-                    *o = E::from_elem(t - l);
-                }
-            })
+        let positions: Vec<usize> = (0..p).map(|j| self.len - 1 - (p - 1 - j) * self.every.max(1)).collect();
+        let truth = if !self.ahead.is_empty() {
+            Some((self.ahead, self.len + h - 1, positions.clone()))
+        } else {
+            (!self.truth.is_empty()).then(|| (self.truth, p * h, (0..p).map(|j| j * h).collect()))
         };
         Batch {
             inputs: tensor(self.inputs, [n, self.len, self.n_feat]),
             level: tensor(self.level.iter().map(|&v| E::from_elem(v)).collect(), [n, p, 1]),
             scale: scaled.then(|| tensor(repeat(&self.scale), [n, p, h])),
             cycle_now: (!self.cycle_now.is_empty()).then(|| int_tensor::<B>(&self.cycle_now, device)),
-            truth_rel: if !self.truth_rel.is_empty() {
-                Some(tensor(self.truth_rel, [n, p, h]))
-            } else {
-                (!self.truth.is_empty()).then(|| tensor(rel(&self.truth), [n, p, h]))
-            },
+            truth: truth
+                .map(|(values, seq_stride, starts)| Arc::new(RelativeTruth { values, seq_stride, starts, level: self.level, horizon: h })),
             n_pos: p,
-            positions: (self.every > 1)
-                .then(|| int_tensor::<B>(&(0..p).map(|j| (self.len - 1 - (p - 1 - j) * self.every) as i64).collect::<Vec<_>>(), device)),
+            positions: (self.every > 1).then(|| int_tensor::<B>(&positions.iter().map(|&r| r as i64).collect::<Vec<_>>(), device)),
             every: self.every.max(1),
         }
     }
@@ -351,7 +391,7 @@ impl<B: Backend> Forecaster<B> {
 
     /// The forecasts minus the last value: the heads' output (times the rolling standard
     /// deviation, with scaling) plus the learned cycle's steps. Training fits this to
-    /// [`Batch::truth_rel`], so that the last value is never added and taken away again over
+    /// [`Batch::truth`], so that the last value is never added and taken away again over
     /// every forecast position.
     ///
     /// # Shapes
@@ -380,7 +420,7 @@ impl<B: Backend> Forecaster<B> {
 
     /// The training loss of a batch (which must hold its truth): `kind` over every forecast
     /// position and step of [`forward_relative`](Self::forward_relative) against
-    /// [`Batch::truth_rel`], in the data's scaled units.
+    /// [`Batch::truth`], in the data's scaled units.
     ///
     /// On the CPU backends the head, the direct map, the cycle and the loss run as one node
     /// (`mamba2_cpu::readout`); elsewhere, with dropout in training, and inside
@@ -389,13 +429,13 @@ impl<B: Backend> Forecaster<B> {
     /// # Shapes
     /// - output: `[1]`
     pub fn loss(&self, batch: &Batch<B>, kind: Loss) -> Result<Tensor<B, 1>, ModelError> {
-        let truth = batch.truth_rel.clone().ok_or_else(|| {
+        let truth = batch.truth.clone().ok_or_else(|| {
             ModelError::Config(ConfigError::Invalid { name: "batch", value: "no truth".into(), why: "a loss needs the values that follow" })
         })?;
         let dropping = B::ad_enabled(&batch.inputs.device()) && self.spec.dropout > 0.0;
         let biased = self.mamba.output_proj.bias.is_some() || self.direct.as_ref().is_some_and(|d| d.bias.is_some());
         if !mamba2_model::runs_on_host::<B>() || dropping || biased {
-            let err = self.forward_relative(batch)? - truth;
+            let err = self.forward_relative(batch)? - truth.tensor::<B>(&batch.inputs.device());
             let (mse, mae) = kind.weights();
             return Ok(match (mse > 0.0, mae > 0.0) {
                 (true, true) => err.clone().powi_scalar(2).mean().mul_scalar(mse) + err.abs().mean().mul_scalar(mae),
@@ -428,6 +468,7 @@ impl<B: Backend> Forecaster<B> {
                 horizon: h,
             },
             cycle,
+            truth,
             loss: mamba2_cpu::readout::LossWeights { mse, mae },
         };
         let mut inputs: [Option<Tensor<B, 1>>; crate::readout::PARENTS] = Default::default();
@@ -441,7 +482,6 @@ impl<B: Backend> Forecaster<B> {
             inputs[crate::readout::CYCLE] = self.cycle.as_ref().map(|q| q.val());
         }
         inputs[crate::readout::SCALE] = batch.scale.clone().map(|s| s.reshape([n * p * h]));
-        inputs[crate::readout::TRUTH] = Some(truth.reshape([n * p * h]));
         Ok(mamba2_model::host_op(op, inputs))
     }
 

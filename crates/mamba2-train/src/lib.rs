@@ -55,7 +55,9 @@ mod readout;
 mod stream;
 mod trainer;
 
-pub use forecaster::{default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, DEFAULT_PATCH};
+pub use forecaster::{
+    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, RelativeTruth, DEFAULT_PATCH,
+};
 pub use load::{open_forecaster, Opened};
 pub use memory::keep_freed_memory;
 pub use parallel::{Cluster, Peer, Workers, DEFAULT_PEER_TIMEOUT, EXCHANGE_THREAD};

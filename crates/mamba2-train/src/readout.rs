@@ -5,8 +5,12 @@
 //! tensor version stays the reference (`tests/forecast.rs` checks both agree on the loss and on
 //! every gradient).
 
+use std::sync::Arc;
+
 use mamba2_cpu::readout::{self, CycleRef, LossWeights, ReadoutDims, ReadoutPlan, ReadoutSaved};
 use mamba2_model::{HostFloat, HostOp};
+
+use crate::forecaster::RelativeTruth;
 
 /// The node's inputs by position: what [`Readout`] reads from each.
 pub(crate) const HIDDEN: usize = 0;
@@ -15,16 +19,17 @@ pub(crate) const DIRECT: usize = 2;
 pub(crate) const CYCLE: usize = 3;
 pub(crate) const INPUTS: usize = 4;
 pub(crate) const SCALE: usize = 5;
-pub(crate) const TRUTH: usize = 6;
 /// Inputs of the node.
-pub(crate) const PARENTS: usize = 7;
+pub(crate) const PARENTS: usize = 6;
 
-/// The readout's sizes and the constants that are not tensors: the cycle's rows and the loss.
+/// The readout's sizes and the constants that are not tensors: the cycle's rows, the truth
+/// (which has no gradient, and stays on the host in its compact form) and the loss.
 #[derive(Debug, Clone)]
 pub(crate) struct Readout {
     pub dims: ReadoutDims,
     /// `series * period + phase` of each scored row, and the period, when the model has a cycle.
     pub cycle: Option<(Vec<i64>, usize)>,
+    pub truth: Arc<RelativeTruth>,
     pub loss: LossWeights,
 }
 
@@ -38,7 +43,7 @@ impl Readout {
             direct: x[DIRECT].map(|w| (need(INPUTS), w)),
             scale: x[SCALE],
             cycle: self.cycle.as_ref().map(|(now, period)| CycleRef { q: need(CYCLE), now, period: *period }),
-            truth: need(TRUTH),
+            truth: self.truth.view(),
             loss: self.loss,
         }
     }

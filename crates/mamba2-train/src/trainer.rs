@@ -380,7 +380,7 @@ fn train_share<B: AutodiffBackend>(
 ) -> Result<(Forecaster<B>, f64, StepReport), TrainError> {
     let loss = match batch {
         Some(batch) => {
-            if batch.truth_rel.is_none() {
+            if batch.truth.is_none() {
                 return Err(TrainError::Config { why: "a training batch needs the values that follow it".into() });
             }
             // The workers of a process are threads, and Burn 0.21 loses gradients when one

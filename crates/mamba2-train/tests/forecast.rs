@@ -133,8 +133,9 @@ fn stream_equals_the_history_forecast() {
 /// The training loss on the CPU backends (head, direct map, cycle and loss as one node) equals
 /// its tensor version, in value and in the gradient of every parameter: f64 to 1e-10 relative
 /// to the largest gradient of each tensor, f32 to 1e-5. Every loss kind, with and without
-/// scaling by the rolling std, scored every row and every third row, weights jittered away
-/// from their zero start so that every part contributes.
+/// scaling by the rolling std, scored every row and every third row, the truth held per
+/// forecast position (as evaluation builds it) and once per sequence (as training does), weights
+/// jittered away from their zero start so that every part contributes.
 #[test]
 fn the_fused_loss_equals_the_tensor_loss() {
     use burn::module::{Module, ModuleMapper, Param};
@@ -161,27 +162,27 @@ fn the_fused_loss_equals_the_tensor_loss() {
         let rows = scaler.transform(&table.rows, &table.columns).unwrap();
         let device = Default::default();
         let mut worst = 0.0f64;
-        for (scale, every, kind) in [(false, 2, Loss::MseMae), (true, 3, Loss::Mse), (false, 1, Loss::Mae), (true, 1, Loss::MseMae)] {
+        let cases = [(false, 2, Loss::MseMae), (true, 3, Loss::Mse), (false, 1, Loss::Mae), (true, 1, Loss::MseMae)];
+        for ((scale, every, kind), truth) in cases.into_iter().flat_map(|c| [(c, Truth::Values), (c, Truth::Relative)]) {
             let mut config = ForecasterConfig::defaults(40, 7, table.columns.clone(), table.columns.clone(), calendar.clone());
             config.spec.scale = scale;
             B::seed(&device, 11);
             let model = config.init::<B>(&device).unwrap().map(&mut Jitter);
-            let batch = model.feature_map().build::<B::FloatElem>(
-                &rows,
-                &clock,
-                &[0, 37, 150, 300],
-                40,
-                40usize.div_ceil(every),
-                every,
-                Truth::Values,
-            );
-            let batch = batch.into_device(7, &device);
+            let build = |truth| {
+                model.feature_map().build::<B::FloatElem>(&rows, &clock, &[0, 37, 150, 300], 40, 40usize.div_ceil(every), every, truth)
+            };
+            let batch = build(truth).into_device(7, &device);
+            // Both forms of the truth hold the same values at every forecast position.
+            let values = |b: &mamba2_train::Batch<B>| {
+                b.truth.as_ref().unwrap().tensor::<B>(&device).into_data().convert::<f64>().to_vec::<f64>().unwrap()
+            };
+            assert_eq!(values(&batch), values(&build(Truth::Values).into_device(7, &device)), "every {every}: the truth's two forms");
             let building = mamba2_tensor::graph::recording();
             let fused = model.loss(&batch, kind).unwrap();
             let plain = mamba2_model::with_generic_path(|| model.loss(&batch, kind).unwrap());
             drop(building);
             let (a, b) = (fused.clone().into_scalar().elem::<f64>(), plain.clone().into_scalar().elem::<f64>());
-            assert!((a - b).abs() <= tolerance * b.abs(), "scale {scale}, every {every}, {kind:?}: loss {a} vs {b}");
+            assert!((a - b).abs() <= tolerance * b.abs(), "scale {scale}, every {every}, {kind:?}, {truth:?}: loss {a} vs {b}");
             let (ga, gb) = (mamba2_tensor::graph::backward(fused), mamba2_tensor::graph::backward(plain));
             let (na, nb) = (mamba2_model::named_grads(&model, &ga), mamba2_model::named_grads(&model, &gb));
             assert_eq!(na.len(), nb.len());
@@ -194,7 +195,10 @@ fn the_fused_loss_equals_the_tensor_loss() {
                 assert!(top > 0.0, "{path}: no gradient");
                 let diff = x.iter().zip(&y).fold(0.0f64, |m, (p, q)| m.max((p - q).abs())) / top;
                 worst = worst.max(diff);
-                assert!(diff <= tolerance, "scale {scale}, every {every}, {kind:?}: {path} differs by {diff:e} of its largest value");
+                assert!(
+                    diff <= tolerance,
+                    "scale {scale}, every {every}, {kind:?}, {truth:?}: {path} differs by {diff:e} of its largest value"
+                );
             }
         }
         println!("fused vs tensor loss, worst gradient difference relative to each tensor's largest: {worst:e}");

@@ -94,6 +94,15 @@ pub struct TruthRef<'a> {
     pub level: &'a [f64],
 }
 
+impl<'a> TruthRef<'a> {
+    /// The `h` values that followed scored row `r` (`0..n_seq * n_pos`), and its last value.
+    pub fn window(&self, r: usize, h: usize) -> (&'a [f64], f64) {
+        let n_pos = self.starts.len();
+        let at = (r / n_pos) * self.seq_stride + self.starts[r % n_pos];
+        (&self.values[at..at + h], self.level[r])
+    }
+}
+
 /// A readout's inputs, as row-major slices.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadoutPlan<'a, T> {
@@ -253,9 +262,7 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
         matmul_serial(&mut acc.y, rows, h, k, Mat::rows(&acc.x, k), Mat::rows(&w, h), false);
         for (i, row) in acc.y.chunks_mut(h).enumerate() {
             let r = first + i;
-            let t = p.truth;
-            let at_truth = (r / d.n_pos) * t.seq_stride + t.starts[r % d.n_pos];
-            let (truth, level) = (&t.values[at_truth..at_truth + h], t.level[r]);
+            let (truth, level) = p.truth.window(r, h);
             let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
             // The phase ahead advances by one per step and wraps without a division.
             let mut cycle = p.cycle.map(|c| {

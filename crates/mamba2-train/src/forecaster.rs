@@ -303,8 +303,8 @@ impl RelativeTruth {
     /// Step `s` (`0..H`) after forecast position `q` (`0..positions()`, sequence after
     /// sequence), minus the position's last value.
     pub fn get(&self, q: usize, s: usize) -> f64 {
-        let n_pos = self.starts.len();
-        self.values[(q / n_pos) * self.seq_stride + self.starts[q % n_pos] + s] - self.level[q]
+        let (values, level) = self.view().window(q, self.horizon);
+        values[s] - level
     }
 
     /// `[n_seq, n_pos, H]` on `device`, for the loss as tensor operations.
@@ -313,8 +313,9 @@ impl RelativeTruth {
         let mut out = vec![B::FloatElem::from_elem(0.0); self.positions() * h];
         // A million values at the default shape: written in parallel, in place.
         out.par_chunks_mut(h.max(1)).enumerate().for_each(|(q, o)| {
-            for (s, o) in o.iter_mut().enumerate() {
-                *o = B::FloatElem::from_elem(self.get(q, s));
+            let (values, level) = self.view().window(q, h);
+            for (o, &v) in o.iter_mut().zip(values) {
+                *o = B::FloatElem::from_elem(v - level);
             }
         });
         Tensor::from_data(TensorData::new(out, [self.positions() / n_pos, n_pos, h]), device)

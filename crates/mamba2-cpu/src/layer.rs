@@ -5,12 +5,14 @@
 //!
 //! The caller (`mamba2-model`'s bridge) hands over a [`LayerPlan`] of slices and gets back one
 //! packed output `[y | final state | conv tail]` ([`packed_parts`]) and, for the backward, a
-//! [`LayerGrads`] with one gradient per named input.
+//! [`LayerGrads`] with one gradient per named input. With [`LayerPlan::picks`] `y` holds only
+//! the picked rows of each sequence: `out_proj`, the residual and the final norm run there
+//! alone, while the scan and the states it hands on still cover every row.
 
 use crate::backward::backward as core_backward;
 use crate::float::{dot, HostFloat};
 use crate::forward::{forward as core_forward, Inputs, Params, Saved};
-use crate::layout::Dims;
+use crate::layout::{Dims, Picks};
 use crate::matmul::{affine, column_sums, product, Mat};
 use crate::norm::{rms_norm, rms_norm_backward, rms_unit};
 
@@ -52,11 +54,23 @@ pub struct LayerPlan<'a, T> {
     /// The stack's final RMS norm weight `[d_model]`, when this is its last layer: the output is
     /// then that norm of what it would otherwise be.
     pub post_w: Option<&'a [T]>,
+    /// The rows of each sequence the output is wanted at (`y` is then `[batch, picks.n,
+    /// d_model]`); every row when `None`. Must [`fit`](Picks::fit) `dims.len`.
+    pub picks: Option<Picks>,
 }
 
 impl<'a, T: HostFloat> LayerPlan<'a, T> {
     fn params(&self) -> Params<'a, T> {
         Params { conv_w: self.conv_w, conv_b: self.conv_b, dt_bias: self.dt_bias, a_log: self.a_log, d: self.d, norm_w: self.norm_w }
+    }
+
+    /// The picked rows' indices into all rows, when not all rows are picked.
+    fn picked(&self) -> Option<Vec<usize>> {
+        let (batch, len) = (self.dims.batch, self.dims.len);
+        self.picks.filter(|p| !p.all(len)).map(|p| {
+            assert!(p.fit(len), "layer: {p:?} are not rows of a sequence of {len}");
+            p.indices(batch, len)
+        })
     }
 
     fn inputs<'b>(&self, zx: &'b [T]) -> Inputs<'b, T>
@@ -94,19 +108,42 @@ pub struct LayerGrads<T> {
 pub struct LayerSaved<T> {
     /// The `in_proj` output, `[rows, width]`.
     zx: Vec<T>,
-    /// The gated norm's output, the `out_proj` input, `[rows, d_inner]`.
+    /// The gated norm's output at the output's rows, the `out_proj` input, `[out rows,
+    /// d_inner]`.
     normed: Vec<T>,
     core: Saved<T>,
     /// With the block's norm: its output, the `in_proj` input (`[rows, d_model]`), and `1 / rms`
     /// per row.
     pre: Option<(Vec<T>, Vec<T>)>,
-    /// With the final norm: its input (`[rows, d_model]`) and `1 / rms` per row.
+    /// With the final norm: its input (`[out rows, d_model]`) and `1 / rms` per row.
     post: Option<(Vec<T>, Vec<T>)>,
+    /// The picked rows' indices, when the output is not at every row.
+    picked: Option<Vec<usize>>,
 }
 
-/// Lengths of the three parts of the packed output: `y`, the final scan state, the conv tail.
-pub fn packed_parts(dims: &Dims) -> [usize; 3] {
-    [dims.rows() * dims.d_model, dims.batch * dims.state_len(), dims.batch * (dims.d_conv - 1) * dims.conv_dim()]
+/// Lengths of the three parts of the packed output: `y` (at every row, or at the picked ones),
+/// the final scan state, the conv tail.
+pub fn packed_parts(dims: &Dims, picks: Option<Picks>) -> [usize; 3] {
+    let out_rows = picks.map_or(dims.len, |p| p.n) * dims.batch;
+    [out_rows * dims.d_model, dims.batch * dims.state_len(), dims.batch * (dims.d_conv - 1) * dims.conv_dim()]
+}
+
+/// Rows `rows` of a row-major matrix `width` wide, in their order.
+fn gather<T: HostFloat>(src: &[T], width: usize, rows: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(rows.len() * width);
+    for &r in rows {
+        out.extend_from_slice(&src[r * width..(r + 1) * width]);
+    }
+    out
+}
+
+/// A `[n, width]` matrix, zero but for row `rows[i]`, which is `src`'s row `i`.
+fn scatter<T: HostFloat>(src: &[T], width: usize, rows: &[usize], n: usize) -> Vec<T> {
+    let mut out = vec![T::zero(); n * width];
+    for (&r, row) in rows.iter().zip(src.chunks(width)) {
+        out[r * width..(r + 1) * width].copy_from_slice(row);
+    }
+    out
 }
 
 /// The source of the conv tail's row `s` for batch `b`: the last `d_conv - 1` pre-convolution
@@ -132,9 +169,17 @@ pub fn forward<T: HostFloat>(a: &LayerPlan<T>, keep: bool) -> (Vec<T>, Option<La
     let zx = affine(rows, w, dm, Mat::rows(u, dm), Mat::rows(a.in_w, w), a.in_b, None);
     let (normed, fin, core) = core_forward(&dims, &a.inputs(&zx), &a.params(), keep);
 
-    let [ny, ns, nt] = packed_parts(&dims);
-    let residual = pre.is_some().then_some(a.u);
-    let mut out = affine(rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w, dm), a.out_b, residual);
+    let [ny, ns, nt] = packed_parts(&dims, a.picks);
+    // From here on only the output's rows: all, or the picked ones gathered.
+    let picked = a.picked();
+    let (normed, out_rows) = match &picked {
+        Some(sel) => (gather(&normed, di, sel), sel.len()),
+        None => (normed, rows),
+    };
+    let u_picked = picked.as_ref().filter(|_| pre.is_some()).map(|sel| gather(a.u, dm, sel));
+    let residual = pre.is_some().then(|| u_picked.as_deref().unwrap_or(a.u));
+    let mut out = affine(out_rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w, dm), a.out_b, residual);
+    drop(u_picked);
     let post = a.post_w.map(|pw| {
         let (normed, rstd) = rms_norm(&out, pw, dims.eps);
         (std::mem::replace(&mut out, normed), rstd)
@@ -151,7 +196,7 @@ pub fn forward<T: HostFloat>(a: &LayerPlan<T>, keep: bool) -> (Vec<T>, Option<La
         }
     }
     debug_assert_eq!(out.len(), ny + ns + nt);
-    (out, keep.then_some(LayerSaved { zx, normed, core, pre, post }))
+    (out, keep.then_some(LayerSaved { zx, normed, core, pre, post, picked }))
 }
 
 /// The layer's backward: the gradient of every input, given that of the packed output. With
@@ -161,7 +206,8 @@ pub fn forward<T: HostFloat>(a: &LayerPlan<T>, keep: bool) -> (Vec<T>, Option<La
 pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T], need_u: bool) -> LayerGrads<T> {
     let dims = a.dims;
     let (rows, dm, w, di, cd) = (dims.rows(), dims.d_model, dims.width(), dims.d_inner(), dims.conv_dim());
-    let [ny, ns, _] = packed_parts(&dims);
+    let [ny, ns, _] = packed_parts(&dims, a.picks);
+    let out_rows = ny / dm.max(1);
     let (gy, rest) = gout.split_at(ny);
     let (gfin, gtail_out) = rest.split_at(ns);
     // Through the final norm first, when this is the stack's last layer.
@@ -174,10 +220,20 @@ pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T
     };
     let gy = gy_post.as_deref().unwrap_or(gy);
 
-    // out_proj: its weight, its bias, and the gradient reaching the norm's output.
-    let out_w = product(di, dm, rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
+    // out_proj: its weight, its bias, and the gradient reaching the norm's output, which is
+    // zero at the rows not picked.
+    let out_w = product(di, dm, out_rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
     let out_b = if a.out_b.is_some() { column_sums(gy, dm) } else { Vec::new() };
-    let gnormed = product(rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w, dm));
+    let mut gnormed = product(out_rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w, dm));
+    // The residual's gradient at every row, where it is needed.
+    let mut gy_all = None;
+    if let Some(sel) = &saved.picked {
+        gnormed = scatter(&gnormed, di, sel, rows);
+        if saved.pre.is_some() && need_u {
+            gy_all = Some(scatter(gy, dm, sel, rows));
+        }
+    }
+    let gy_around = gy_all.as_deref().unwrap_or(gy);
 
     let mut g = core_backward(&dims, &a.inputs(&saved.zx), &a.params(), &saved.core, &gnormed, gfin);
     drop(gnormed);
@@ -213,7 +269,7 @@ pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T
         // With the block around the mixer, `u` reaches the output through the norm and directly.
         (Some((normed, rstd)), Some(pw)) => {
             let in_w = product(dm, w, rows, Mat::transposed(normed, dm), Mat::rows(&g.zx, w));
-            let (u, pre_w) = rms_norm_backward(a.u, pw, rstd, &g_in(), Some(gy));
+            let (u, pre_w) = rms_norm_backward(a.u, pw, rstd, &g_in(), Some(gy_around));
             (in_w, u, pre_w)
         }
         _ => {
@@ -238,5 +294,92 @@ pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T
         out_b,
         pre_w,
         post_w,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With picks, the output is the unpicked output's picked rows and the states are the same;
+    /// backward, every gradient equals the unpicked backward's given a gradient that is zero at
+    /// the rows not picked. In f64, for the mixer alone and for the block with both norms.
+    #[test]
+    fn picked_rows_equal_the_whole_output_at_those_rows() {
+        let dims = Dims {
+            batch: 3,
+            len: 11,
+            d_model: 6,
+            nheads: 4,
+            headdim: 2,
+            ngroups: 2,
+            d_state: 3,
+            d_conv: 4,
+            d_per_channel: false,
+            dt_lo: 0.0,
+            dt_hi: f64::INFINITY,
+            gate_first: true,
+            eps: 1e-5,
+        };
+        let wave = |n: usize, f: f64, a: f64| (0..n).map(|i| ((i as f64 + 1.0) * f).sin() * a).collect::<Vec<f64>>();
+        let (dm, w, cd, di, h) = (dims.d_model, dims.width(), dims.conv_dim(), dims.d_inner(), dims.nheads);
+        let u = wave(dims.rows() * dm, 0.61, 1.0);
+        let (in_w, in_b, conv_w) = (wave(dm * w, 0.37, 0.4), wave(w, 0.5, 0.1), wave(cd * 4, 0.83, 0.5));
+        let (dt_bias, a_log, d) = (wave(h, 1.3, 1.0), wave(h, 0.7, 0.5), wave(h, 0.45, 1.0));
+        let (norm_w, out_w, out_b, pre_w, post_w) =
+            (wave(di, 0.2, 1.0), wave(di * dm, 0.53, 0.3), wave(dm, 0.9, 0.1), wave(dm, 0.3, 1.0), wave(dm, 0.4, 1.0));
+        let (tail, h0) = (wave(dims.batch * 3 * cd, 0.17, 0.5), wave(dims.batch * dims.state_len(), 0.23, 0.5));
+        let picks = Picks { n: 4, every: 3 };
+        let sel = picks.indices(dims.batch, dims.len);
+        for block in [false, true] {
+            let plan = |picks: Option<Picks>| LayerPlan {
+                dims,
+                u: &u,
+                in_w: &in_w,
+                in_b: Some(&in_b),
+                tail: Some(&tail),
+                h0: Some(&h0),
+                conv_w: &conv_w,
+                conv_b: None,
+                dt_bias: &dt_bias,
+                a_log: &a_log,
+                d: &d,
+                norm_w: &norm_w,
+                out_w: &out_w,
+                out_b: Some(&out_b),
+                pre_w: block.then_some(&pre_w[..]),
+                post_w: block.then_some(&post_w[..]),
+                picks,
+            };
+            let (whole, whole_saved) = forward(&plan(None), true);
+            let (part, part_saved) = forward(&plan(Some(picks)), true);
+            let [ny, ..] = packed_parts(&dims, None);
+            let [py, ..] = packed_parts(&dims, Some(picks));
+            assert_eq!(py, sel.len() * dm);
+            let close = |a: &[f64], b: &[f64], what: &str| {
+                assert_eq!(a.len(), b.len(), "{what}: lengths");
+                let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+                assert!(worst <= 1e-12, "block {block}, {what}: differ by {worst:e}");
+            };
+            close(&part[..py], &gather(&whole[..ny], dm, &sel), "output");
+            close(&part[py..], &whole[ny..], "states");
+
+            // A gradient at the picked rows and on the states; zero elsewhere in the whole one.
+            let g_part = wave(part.len(), 0.41, 1.0);
+            let mut g_whole = scatter(&g_part[..py], dm, &sel, dims.rows());
+            g_whole.extend_from_slice(&g_part[py..]);
+            let a = backward(&plan(None), &whole_saved.unwrap(), &g_whole, true);
+            let b = backward(&plan(Some(picks)), &part_saved.unwrap(), &g_part, true);
+            let named = |g: &LayerGrads<f64>| {
+                [
+                    &g.u, &g.in_w, &g.in_b, &g.tail, &g.h0, &g.conv_w, &g.dt_bias, &g.a_log, &g.d, &g.norm_w, &g.out_w, &g.out_b, &g.pre_w,
+                    &g.post_w,
+                ]
+                .map(|v| v.clone())
+            };
+            for (i, (x, y)) in named(&a).iter().zip(named(&b).iter()).enumerate() {
+                close(x, y, &format!("gradient {i}"));
+            }
+        }
     }
 }

@@ -110,3 +110,39 @@ impl Dims {
         at..at + self.d_state
     }
 }
+
+/// Rows of each sequence that a layer's output is wanted at: the last one and, going back
+/// `every` rows at a time, `n - 1` more. A forecaster scores only these rows, so its last layer
+/// need not run `out_proj`, the residual and the final norm anywhere else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Picks {
+    /// Rows picked per sequence.
+    pub n: usize,
+    /// Rows between two picked rows.
+    pub every: usize,
+}
+
+impl Picks {
+    /// The row of pick `j` (`0..n`, oldest first) in a sequence of `len` rows.
+    #[inline]
+    pub fn row(&self, len: usize, j: usize) -> usize {
+        len - 1 - (self.n - 1 - j) * self.every
+    }
+
+    /// Whether these are rows of a sequence of `len`: at least one, `every >= 1`, and the oldest
+    /// at row 0 or after it.
+    pub fn fit(&self, len: usize) -> bool {
+        self.n >= 1 && self.every >= 1 && (self.n - 1).checked_mul(self.every).is_some_and(|back| back < len)
+    }
+
+    /// Whether these are all `len` rows, in order.
+    pub fn all(&self, len: usize) -> bool {
+        self.n == len && (self.every == 1 || len == 1)
+    }
+
+    /// The picked rows of `batch` sequences of `len` rows as indices into all `batch * len` of
+    /// them, sequence after sequence.
+    pub fn indices(&self, batch: usize, len: usize) -> Vec<usize> {
+        (0..batch).flat_map(|b| (0..self.n).map(move |j| b * len + self.row(len, j))).collect()
+    }
+}

@@ -33,14 +33,14 @@
 //!     let (y, _) = layer::forward(&LayerPlan {
 //!         dims, u, in_w: &in_w, in_b: None, tail: state.map(|s| s.0), h0: state.map(|s| s.1),
 //!         conv_w: &conv_w, conv_b: None, dt_bias: &dt_bias, a_log: &a_log, d: &d, norm_w: &norm_w,
-//!         out_w: &out_w, out_b: None, pre_w: None, post_w: None,
+//!         out_w: &out_w, out_b: None, pre_w: None, post_w: None, picks: None,
 //!     }, false);
 //!     y
 //! };
 //! // Six rows at once equal four rows, then two rows from the state the first call handed on.
 //! let whole = plan(dims, &u, None);
 //! let first = plan(Dims { len: 4, ..dims }, &u[..16], None);
-//! let [ny, ns, _] = layer::packed_parts(&Dims { len: 4, ..dims });
+//! let [ny, ns, _] = layer::packed_parts(&Dims { len: 4, ..dims }, None);
 //! let (h0, tail) = (&first[ny..ny + ns], &first[ny + ns..]);
 //! let rest = plan(Dims { len: 2, ..dims }, &u[16..], Some((tail, h0)));
 //! for (a, b) in whole[..24].iter().zip(first[..16].iter().chain(&rest[..8])) {
@@ -73,5 +73,5 @@ mod vector_tests;
 
 pub use float::HostFloat;
 pub use layer::{LayerGrads, LayerPlan, LayerSaved};
-pub use layout::Dims;
+pub use layout::{Dims, Picks};
 pub use streaming::{BlockParams, LayerWeights, Linear, StepSizeError, Streaming, StreamingState, HELPER_ABOVE_BYTES};

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use crate::buffers::BUILD_CHUNK;
 use crate::float::{multiversion, reduce, HostFloat, LANES};
+use crate::layout::Picks;
 use crate::matmul::{matmul_serial, Mat};
 
 /// The sizes of a readout.
@@ -47,7 +48,12 @@ impl ReadoutDims {
 
     /// The row of sequence-local position `j` (`0..n_pos`, oldest first).
     pub fn position(&self, j: usize) -> usize {
-        self.len - 1 - (self.n_pos - 1 - j) * self.every
+        self.picks().row(self.len, j)
+    }
+
+    /// The scored rows as the stack's [`Picks`].
+    pub fn picks(&self) -> Picks {
+        Picks { n: self.n_pos, every: self.every }
     }
 
     /// Values of the product's left side per scored row: the stack's output, then the inputs.
@@ -108,7 +114,8 @@ impl<'a> TruthRef<'a> {
 pub struct ReadoutPlan<'a, T> {
     /// The sizes.
     pub dims: ReadoutDims,
-    /// The stack's output, `[n_seq, len, d_model]`.
+    /// The stack's output at the scored rows, `[n_seq, n_pos, d_model]` (the stack computes
+    /// it there alone: `mamba2-model`'s `Mamba2Stack::forward_picked`).
     pub hidden: &'a [T],
     /// The head, `[d_model, H]`.
     pub head_w: &'a [T],
@@ -159,8 +166,8 @@ const CHAINS: usize = 16;
 fn check<T>(p: &ReadoutPlan<T>) {
     let d = p.dims;
     let (m, h) = (d.rows(), d.horizon);
-    assert!(d.n_pos >= 1 && d.every >= 1 && d.position(0) < d.len, "readout: {d:?} has no such positions");
-    assert_eq!(p.hidden.len(), d.n_seq * d.len * d.d_model, "readout: hidden");
+    assert!(d.picks().fit(d.len), "readout: {d:?} has no such positions");
+    assert_eq!(p.hidden.len(), m * d.d_model, "readout: hidden");
     assert_eq!(p.head_w.len(), d.d_model * h, "readout: head");
     match p.direct {
         Some((inputs, w)) => assert!(inputs.len() == d.n_seq * d.len * d.n_feat && w.len() == d.n_feat * h, "readout: direct map"),
@@ -244,8 +251,8 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
     }
     let count = (m * h) as f64;
     let (two_mse, mae) = (T::from(2.0 * p.loss.mse / count).expect("finite"), T::from(p.loss.mae / count).expect("finite"));
-    // The stack's output's gradient: zero but at the scored rows, which the blocks write.
-    let mut hidden = if keep { vec![T::zero(); d.n_seq * d.len * dm] } else { Vec::new() };
+    // The stack's output's gradient, a row per scored row, each written by its block.
+    let mut hidden = if keep { vec![T::zero(); m * dm] } else { Vec::new() };
     let hidden_at = hidden.as_mut_ptr() as usize;
     let q_len = p.cycle.map_or(0, |c| c.q.len());
     let block = |mut acc: Block<T>, task: usize| {
@@ -253,7 +260,7 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
         let at = |r: usize| (r / d.n_pos) * d.len + d.position(r % d.n_pos);
         acc.x.clear();
         for r in first..first + rows {
-            acc.x.extend_from_slice(&p.hidden[at(r) * dm..(at(r) + 1) * dm]);
+            acc.x.extend_from_slice(&p.hidden[r * dm..(r + 1) * dm]);
             if let Some((inputs, _)) = p.direct {
                 acc.x.extend_from_slice(&inputs[at(r) * d.n_feat..(at(r) + 1) * d.n_feat]);
             }
@@ -298,15 +305,10 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
         }
         if keep {
             matmul_serial(&mut acc.gw, k, h, rows, Mat::transposed(&acc.x, k), Mat::rows(&acc.y, h), true);
-            acc.gx.resize(rows * dm, T::zero());
-            matmul_serial(&mut acc.gx, rows, dm, h, Mat::rows(&acc.y, h), Mat::transposed(p.head_w, h), false);
-            for (i, g) in acc.gx.chunks(dm).enumerate() {
-                // SAFETY: the buffer holds `n_seq * len * d_model` values and outlives
-                // the pool's tasks; each scored row is one row of it, written by the one
-                // task that holds that row.
-                let row = unsafe { std::slice::from_raw_parts_mut((hidden_at as *mut T).add(at(first + i) * dm), dm) };
-                row.copy_from_slice(g);
-            }
+            // SAFETY: the buffer holds `m * d_model` values and outlives the pool's tasks; rows
+            // `first..first + rows` of it are this block's, written by no other task.
+            let gx = unsafe { std::slice::from_raw_parts_mut((hidden_at as *mut T).add(first * dm), rows * dm) };
+            matmul_serial(gx, rows, dm, h, Mat::rows(&acc.y, h), Mat::transposed(p.head_w, h), false);
         }
         acc
     };
@@ -336,14 +338,13 @@ struct Block<T> {
     q: Vec<T>,
     x: Vec<T>,
     y: Vec<T>,
-    gx: Vec<T>,
     fold: Vec<T>,
 }
 
 impl<T: HostFloat> Block<T> {
     fn new(keep: bool, gw: usize, q: usize) -> Self {
         let zeros = |n: usize| if keep { vec![T::zero(); n] } else { Vec::new() };
-        Block { sq: 0.0, ab: 0.0, gw: zeros(gw), q: zeros(q), x: Vec::new(), y: Vec::new(), gx: Vec::new(), fold: Vec::new() }
+        Block { sq: 0.0, ab: 0.0, gw: zeros(gw), q: zeros(q), x: Vec::new(), y: Vec::new(), fold: Vec::new() }
     }
 
     fn add(mut self, other: Self) -> Self {
@@ -392,7 +393,7 @@ pub fn backward<T: HostFloat>(p: &ReadoutPlan<T>, saved: &ReadoutSaved<T>, gloss
     let d = p.dims;
     let dm_h = d.d_model * d.horizon;
     let mut hidden = std::mem::take(&mut *saved.hidden.lock().unwrap_or_else(|e| e.into_inner()));
-    assert_eq!(hidden.len(), d.n_seq * d.len * d.d_model, "readout: the backward ran twice on the same forward");
+    assert_eq!(hidden.len(), d.rows() * d.d_model, "readout: the backward ran twice on the same forward");
     if gloss != T::one() {
         hidden.par_chunks_mut(BUILD_CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g = *g * gloss));
     }
@@ -410,7 +411,7 @@ mod tests {
     fn loss_and_gradients_equal_a_direct_computation() {
         let d = ReadoutDims { n_seq: 3, len: 7, n_pos: 3, every: 2, d_model: 4, n_feat: 5, horizon: 6 };
         let wave = |n: usize, f: f64| (0..n).map(|i| ((i as f64 + 1.0) * f).sin()).collect::<Vec<f64>>();
-        let (hidden, inputs) = (wave(d.n_seq * d.len * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
+        let (hidden, inputs) = (wave(d.rows() * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
         let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
         let m = d.rows();
         let scale: Vec<f64> = wave(m * d.horizon, 0.11).iter().map(|v| 1.5 + v).collect();
@@ -429,7 +430,7 @@ mod tests {
                 for r in 0..m {
                     let at = (r / d.n_pos) * d.len + d.position(r % d.n_pos);
                     for s in 0..d.horizon {
-                        let mut f = (0..d.d_model).map(|i| hidden[at * d.d_model + i] * head_w[i * d.horizon + s]).sum::<f64>();
+                        let mut f = (0..d.d_model).map(|i| hidden[r * d.d_model + i] * head_w[i * d.horizon + s]).sum::<f64>();
                         f += (0..d.n_feat).map(|i| inputs[at * d.n_feat + i] * direct_w[i * d.horizon + s]).sum::<f64>();
                         let (base, phase) = ((now[r] as usize / period) * period, now[r] as usize % period);
                         let e = f * scale[r * d.horizon + s] + q[base + (phase + s + 1) % period]
@@ -469,13 +470,6 @@ mod tests {
                     assert!((v - n).abs() <= 1e-7 * (1.0 + n.abs()), "input {which}, element {i}: {v} vs {n}");
                 }
             }
-            // The unscored rows get no gradient at all.
-            let scored = |row: usize| (0..d.n_pos).any(|j| d.position(j) == row);
-            for (i, &v) in g.hidden.iter().enumerate() {
-                if !scored((i / d.d_model) % d.len) {
-                    assert_eq!(v, 0.0, "element {i}");
-                }
-            }
         }
     }
 
@@ -485,7 +479,7 @@ mod tests {
     fn the_sums_do_not_depend_on_the_threads() {
         let d = ReadoutDims { n_seq: 40, len: 64, n_pos: 64, every: 1, d_model: 8, n_feat: 5, horizon: 12 };
         let wave = |n: usize, f: f32| (0..n).map(|i| ((i as f32 + 1.0) * f).sin()).collect::<Vec<f32>>();
-        let (hidden, inputs) = (wave(d.n_seq * d.len * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
+        let (hidden, inputs) = (wave(d.rows() * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
         let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
         let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon - 1)).map(|i| (i as f64 * 0.43).sin()).collect();
         let level: Vec<f64> = (0..d.rows()).map(|r| (r as f64 * 0.61).cos()).collect();
@@ -518,7 +512,8 @@ mod tests {
     #[test]
     fn the_head_alone() {
         let d = ReadoutDims { n_seq: 2, len: 3, n_pos: 1, every: 1, d_model: 2, n_feat: 0, horizon: 2 };
-        let hidden = [1.0, 2.0, 0.0, 0.0, 3.0, -1.0, 0.5, 0.5, 0.0, 0.0, 2.0, 1.0];
+        // The stack's output at each sequence's scored row (its last).
+        let hidden = [3.0, -1.0, 2.0, 1.0];
         let head_w = [1.0, 0.0, 0.0, 1.0];
         // Each sequence's values after its first row, shared by the positions (here one per
         // sequence, at row 2, reading values 2 and 3), and the levels taken from them.
@@ -538,8 +533,7 @@ mod tests {
         let (value, saved) = forward(&plan, true);
         assert_eq!(value, 1.0);
         let g = backward(&plan, &saved.unwrap(), 1.0);
-        assert_eq!(g.hidden[(3 + 2) * 2..], [0.0, -1.0]);
-        assert!(g.hidden[..(3 + 2) * 2].iter().all(|&v| v == 0.0));
+        assert_eq!(g.hidden, [0.0, 0.0, 0.0, -1.0]);
         assert!(g.direct_w.is_empty() && g.q.is_empty());
         // The stack's output's gradient was moved out: a second backward is refused, not wrong.
         let again = std::panic::catch_unwind(|| backward(&plan, &saved_again(&plan), 1.0));

@@ -512,6 +512,7 @@ mod tests {
                 out_b: Some(&out_b),
                 pre_w: Some(&pre_w),
                 post_w: Some(&post_w),
+                picks: None,
             };
             let (whole, _) = layer::forward(&plan, false);
 
@@ -545,7 +546,7 @@ mod tests {
             }
             assert!(worst < 1e-12, "groups {ngroups}, d_state {d_state}: step and forward differ by {worst:e}");
             // The step's state is the forward's final state.
-            let [ny, ns, _] = layer::packed_parts(&dims);
+            let [ny, ns, _] = layer::packed_parts(&dims, None);
             let fin = &whole[ny..ny + ns];
             let diff = state.ssm(0).iter().zip(fin).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             assert!(diff < 1e-12, "final states differ by {diff:e}");

@@ -22,7 +22,7 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Element, TensorData, TensorPrimitive};
-use mamba2_cpu::{layer, Dims, LayerGrads, LayerPlan, LayerSaved};
+use mamba2_cpu::{layer, Dims, LayerGrads, LayerPlan, LayerSaved, Picks};
 
 use crate::{Mamba2Block, Mamba2Config, Mamba2Mixer, MixerState, ModelError, RmsNorm};
 
@@ -111,24 +111,26 @@ pub(crate) fn kernel_dims(c: &Mamba2Config, batch: usize, len: usize) -> Dims {
 /// # Shapes
 /// - `u`: `[batch, L, d_model]`; output: `[batch, L, d_model]` and the state after it
 pub(crate) fn mixer<B: Backend>(m: &Mamba2Mixer<B>, u: Tensor<B, 3>, state: Option<MixerState<B>>) -> (Tensor<B, 3>, MixerState<B>) {
-    run(parents_of(m, u, state, None, None))
+    run(parents_of(m, u, state, None, None, None))
 }
 
 /// The block `h + mixer(norm(h))` over one piece of a sequence on the host kernels, followed by
-/// `post_norm` when given (the stack's final norm after its last block), in one node.
+/// `post_norm` when given (the stack's final norm after its last block), in one node; its output
+/// only at `picks`' rows of each sequence when given (which must fit `L`).
 ///
 /// # Shapes
-/// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]` and the state after it
+/// - `h`: `[batch, L, d_model]`; output: `[batch, L or picks.n, d_model]` and the state after it
 pub(crate) fn block<B: Backend>(
     block: &Mamba2Block<B>,
     h: Tensor<B, 3>,
     state: Option<MixerState<B>>,
     post_norm: Option<&RmsNorm<B>>,
+    picks: Option<Picks>,
 ) -> Result<(Tensor<B, 3>, MixerState<B>), ModelError> {
     if let Some(s) = &state {
         block.mixer.check_state(s, h.dims()[0])?;
     }
-    Ok(run(parents_of(&block.mixer, h, state, Some(&block.norm), post_norm)))
+    Ok(run(parents_of(&block.mixer, h, state, Some(&block.norm), post_norm, picks)))
 }
 
 /// A layer's inputs by name; `X` is what each holds along the way (a tensor, a host buffer, a
@@ -177,9 +179,11 @@ impl<X> Parents<X> {
     }
 }
 
-/// A layer's call: its sizes and its inputs as flat tensors, `None` for an absent one.
+/// A layer's call: its sizes, the rows its output is wanted at, and its inputs as flat tensors,
+/// `None` for an absent one.
 struct LayerCall<B: Backend> {
     dims: Dims,
+    picks: Option<Picks>,
     parents: Parents<Option<Tensor<B, 2>>>,
 }
 
@@ -194,6 +198,7 @@ fn parents_of<B: Backend>(
     state: Option<MixerState<B>>,
     pre_norm: Option<&RmsNorm<B>>,
     post_norm: Option<&RmsNorm<B>>,
+    picks: Option<Picks>,
 ) -> LayerCall<B> {
     let c = m.config();
     let [batch, len, _] = u.dims();
@@ -205,6 +210,7 @@ fn parents_of<B: Backend>(
     };
     LayerCall {
         dims: kernel_dims(c, batch, len),
+        picks,
         parents: Parents {
             u: Some(flat(u)),
             in_w: Some(m.in_proj.weight.val()),
@@ -294,6 +300,7 @@ pub(crate) fn to_device<B: Backend, T: Element>(values: Vec<T>, shape: Vec<usize
 #[derive(Debug)]
 struct HostArgs<T> {
     dims: Dims,
+    picks: Option<Picks>,
     bufs: Parents<Option<HostBuf<T>>>,
 }
 
@@ -324,6 +331,7 @@ impl<T: HostFloat> HostArgs<T> {
             out_b: opt(&b.out_b),
             pre_w: opt(&b.pre_w),
             post_w: opt(&b.post_w),
+            picks: self.picks,
         }
     }
 
@@ -365,9 +373,9 @@ fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> B::FloatTensorPrimitive 
 }
 
 /// The packed output `[y | final state | conv tail]` as the layer's three outputs.
-fn unpack<B: Backend>(dims: &Dims, packed: Tensor<B, 1>) -> LayerOut<B> {
-    let [ny, ns, nt] = layer::packed_parts(dims);
-    let (b, l, k) = (dims.batch, dims.len, dims.d_conv);
+fn unpack<B: Backend>(dims: &Dims, picks: Option<Picks>, packed: Tensor<B, 1>) -> LayerOut<B> {
+    let [ny, ns, nt] = layer::packed_parts(dims, picks);
+    let (b, l, k) = (dims.batch, picks.map_or(dims.len, |p| p.n), dims.d_conv);
     LayerOut {
         y: packed.clone().narrow(0, 0, ny).reshape([b, l, dims.d_model]),
         ssm: packed.clone().narrow(0, ny, ns).reshape([b, dims.nheads, dims.headdim, dims.d_state]),
@@ -377,11 +385,11 @@ fn unpack<B: Backend>(dims: &Dims, packed: Tensor<B, 1>) -> LayerOut<B> {
 
 /// The forward on a backend without autodiff: each output its own tensor, no packed copy.
 fn plain<B: Backend, T: HostFloat>(call: LayerCall<B>) -> LayerOut<B> {
-    let dims = call.dims;
+    let (dims, picks) = (call.dims, call.picks);
     let device = call.parents.u.as_ref().expect("the input is always given").device();
-    let args = HostArgs::<T> { dims, bufs: call.parents.map(|t| t.map(|t| host::<B, T>(prim(t)))) };
+    let args = HostArgs::<T> { dims, picks, bufs: call.parents.map(|t| t.map(|t| host::<B, T>(prim(t)))) };
     let (mut y, _) = layer::forward(&args.plan(), false);
-    let [ny, ns, _] = layer::packed_parts(&dims);
+    let [ny, ns, _] = layer::packed_parts(&dims, picks);
     let mut state = y.split_off(ny);
     let conv = state.split_off(ns);
     let (b, k) = (dims.batch, dims.d_conv);
@@ -389,7 +397,7 @@ fn plain<B: Backend, T: HostFloat>(call: LayerCall<B>) -> LayerOut<B> {
         Tensor::from_primitive(TensorPrimitive::Float(to_device::<B, T>(values, shape.to_vec(), device)))
     }
     LayerOut {
-        y: tensor::<B, T, 3>(y, [b, dims.len, dims.d_model], &device),
+        y: tensor::<B, T, 3>(y, [b, picks.map_or(dims.len, |p| p.n), dims.d_model], &device),
         ssm: tensor::<B, T, 4>(state, [b, dims.nheads, dims.headdim, dims.d_state], &device),
         conv: tensor::<B, T, 3>(conv, [b, k - 1, dims.conv_dim()], &device),
     }
@@ -424,7 +432,7 @@ impl<B: Backend, T: HostFloat> Backward<B, PARENTS> for LayerBackward<T> {
 
 /// The forward on `Autodiff<B>`, registering [`LayerBackward`] when any input is tracked.
 fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(call: LayerCall<Autodiff<B, C>>) -> LayerOut<Autodiff<B, C>> {
-    let dims = call.dims;
+    let (dims, picks) = (call.dims, call.picks);
     let device = call.parents.u.as_ref().expect("the input is always given").device();
     // Absent inputs become an untracked placeholder, so that the node always has the same parents.
     let present = call.parents.clone().map(|t| t.is_some());
@@ -432,8 +440,8 @@ fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(call: LayerCall<Auto
     let nodes = parts.clone().map(|p| p.node).into_array();
     let inner_device: B::Device = device.clone();
     let bufs = parts.zip(present).map(|(p, here)| here.then(|| host::<B, T>(p.primitive)));
-    let args = HostArgs::<T> { dims, bufs };
-    let len = layer::packed_parts(&dims).iter().sum::<usize>();
+    let args = HostArgs::<T> { dims, picks, bufs };
+    let len = layer::packed_parts(&dims, picks).iter().sum::<usize>();
     let out = match LayerBackward::<T>(std::marker::PhantomData).prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let (out, saved) = layer::forward(&args.plan(), true);
@@ -446,5 +454,5 @@ fn tracked<B: Backend, C: CheckpointStrategy, T: HostFloat>(call: LayerCall<Auto
             prep.finish(to_device::<B, T>(out, vec![len], &inner_device))
         }
     };
-    unpack(&dims, Tensor::from_primitive(TensorPrimitive::Float(out)))
+    unpack(&dims, picks, Tensor::from_primitive(TensorPrimitive::Float(out)))
 }

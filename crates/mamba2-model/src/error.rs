@@ -16,6 +16,17 @@ pub enum ModelError {
     /// The scan rejected its inputs.
     #[error(transparent)]
     Ssd(#[from] SsdError),
+    /// Output rows were asked of a sequence that does not have them
+    /// ([`Mamba2Stack::forward_picked`](crate::Mamba2Stack::forward_picked)).
+    #[error("{n} rows {every} apart, ending at the last: not rows of a sequence of {len} (at least one row, 1 or more apart)")]
+    Picks {
+        /// Rows asked per sequence.
+        n: usize,
+        /// Rows between them.
+        every: usize,
+        /// The sequence's length.
+        len: usize,
+    },
     /// A state was made for another batch size or config.
     #[error("state does not fit: {why}")]
     State {

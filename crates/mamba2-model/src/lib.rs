@@ -69,7 +69,7 @@ pub use hf::{lm_from_hf_bytes, load_hf_lm};
 pub use host_op::{host_op, runs_on_host, HostOp};
 pub use linear::linear_rows;
 pub use lm::{LmConfig, LmOutput, Mamba2LM};
-pub use mamba2_cpu::{StreamingState, HELPER_ABOVE_BYTES};
+pub use mamba2_cpu::{Picks, StreamingState, HELPER_ABOVE_BYTES};
 pub use mixer::{DepthwiseConv, Mamba2Mixer, MAX_PIECE};
 pub use norm::RmsNorm;
 pub use params::{hf_name, named_grads, named_params, NamedParam};

@@ -1,4 +1,6 @@
 use burn::prelude::*;
+use burn::tensor::TensorData;
+use mamba2_cpu::Picks;
 
 use crate::block::Mamba2Block;
 use crate::bridge;
@@ -56,7 +58,43 @@ impl<B: Backend> Mamba2Stack<B> {
     /// # Shapes
     /// - `h`: `[batch, L, d_model]`; output: `[batch, L, d_model]` (after the final norm)
     pub fn forward(&self, h: Tensor<B, 3>, state: Option<Mamba2State<B>>) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
-        let batch = h.dims()[0];
+        self.run(h, state, None)
+    }
+
+    /// [`forward`](Self::forward)'s output at `picks`' rows of each sequence alone: its last row
+    /// and, going back `picks.every` rows at a time, `picks.n - 1` more, oldest first. The state
+    /// handed on is the same as `forward`'s.
+    ///
+    /// For a head that reads only some rows (a forecaster scores every second one in training):
+    /// on the CPU backends the last block's `out_proj`, residual and final norm then run at those
+    /// rows alone, forward and backward. Elsewhere (and for sequences longer than
+    /// [`MAX_PIECE`](crate::MAX_PIECE)) this is `forward` followed by the selection of the rows.
+    ///
+    /// # Errors
+    /// [`ModelError::Picks`] when `picks` are not rows of the sequence.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, L, d_model]`; output: `[batch, picks.n, d_model]`
+    pub fn forward_picked(
+        &self,
+        h: Tensor<B, 3>,
+        state: Option<Mamba2State<B>>,
+        picks: Picks,
+    ) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
+        let len = h.dims()[1];
+        if !picks.fit(len) {
+            return Err(ModelError::Picks { n: picks.n, every: picks.every, len });
+        }
+        self.run(h, state, Some(picks))
+    }
+
+    fn run(
+        &self,
+        h: Tensor<B, 3>,
+        state: Option<Mamba2State<B>>,
+        picks: Option<Picks>,
+    ) -> Result<(Tensor<B, 3>, Mamba2State<B>), ModelError> {
+        let [batch, len, _] = h.dims();
         let mut states: Vec<_> = match state {
             Some(s) => {
                 self.check_state(&s, batch)?;
@@ -67,23 +105,37 @@ impl<B: Backend> Mamba2Stack<B> {
         let mut outs = Vec::new();
         let eps = self.config.norm_eps;
         let last = self.layers.len().checked_sub(1);
-        for mut piece in pieces(h) {
+        let host = bridge::runs_on_host::<B>();
+        let pieces = pieces(h);
+        // The host kernel picks the rows inside the last block where the sequence is one piece;
+        // otherwise they are selected from the whole output below.
+        let (inside, after) = match picks {
+            Some(p) if p.all(len) => (None, None),
+            Some(p) if host && pieces.len() == 1 && last.is_some() => (Some(p), None),
+            other => (None, other),
+        };
+        for mut piece in pieces {
             for (i, (layer, s)) in self.layers.iter().zip(states.iter_mut()).enumerate() {
                 let post_norm = (Some(i) == last).then_some(&self.norm_f);
                 // On the CPU backends a block and, after the last one, the final norm are one
                 // call into the host kernels.
-                let (next, after) = if bridge::runs_on_host::<B>() {
-                    bridge::block(layer, piece, s.take(), post_norm)?
+                let (next, state_after) = if host {
+                    bridge::block(layer, piece, s.take(), post_norm, inside.filter(|_| Some(i) == last))?
                 } else {
-                    let (y, after) = layer.forward(piece, s.take())?;
-                    (if let Some(norm) = post_norm { norm.forward(y, eps) } else { y }, after)
+                    let (y, state_after) = layer.forward(piece, s.take())?;
+                    (if let Some(norm) = post_norm { norm.forward(y, eps) } else { y }, state_after)
                 };
                 piece = next;
-                *s = Some(after);
+                *s = Some(state_after);
             }
             outs.push(if last.is_some() { piece } else { self.norm_f.forward(piece, eps) });
         }
-        let out = join_pieces(outs);
+        let mut out = join_pieces(outs);
+        if let Some(p) = after {
+            let rows: Vec<i64> = (0..p.n).map(|j| p.row(len, j) as i64).collect();
+            let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [p.n]), &out.device());
+            out = out.select(1, rows);
+        }
         let layers = states.into_iter().map(|s| s.expect("every layer ran at least once")).collect();
         Ok((out, Mamba2State { layers }))
     }

@@ -1,15 +1,17 @@
 //! The CPU kernel (the default on Flex and NdArray) against the generic tensor-op path
 //! (`with_generic_path`): same outputs, same final state, same gradient for every parameter, the
 //! input and both parts of the incoming state, over the config switches the kernel branches on;
-//! for the mixer alone, inside its block (pre-norm and residual), and as a one-layer stack (the
-//! block and the final norm), which the kernel fuses.
+//! for the mixer alone, inside its block (pre-norm and residual), as a one-layer stack (the
+//! block and the final norm), which the kernel fuses, and as a two-layer stack whose output is
+//! wanted at every third row alone (`forward_picked`: the kernel picks the rows inside its last
+//! block, the generic path selects them from the whole output).
 
 use crate::common::{normal, FlexF32Grad, NdF64Grad};
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
-use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState};
+use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState, ModelError, Picks};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
 struct Case {
@@ -54,6 +56,9 @@ enum Unit<B: Backend> {
     Block(Mamba2Block<B>),
     /// One layer, so that the state is that of one mixer.
     Stack(Mamba2Stack<B>),
+    /// Two layers, each starting from the one mixer state given; the output at every third row
+    /// (the last one last) and the second layer's state.
+    Picked(Mamba2Stack<B>),
 }
 
 impl<B: AutodiffBackend> Unit<B> {
@@ -65,13 +70,20 @@ impl<B: AutodiffBackend> Unit<B> {
                 let (y, mut next) = s.forward(u, state.map(|m| Mamba2State { layers: vec![m] })).unwrap();
                 (y, next.layers.remove(0))
             }
+            Unit::Picked(s) => {
+                let picks = Picks { n: u.dims()[1].div_ceil(3), every: 3 };
+                let state = state.map(|m| Mamba2State { layers: vec![m.clone(), m] });
+                let (y, mut next) = s.forward_picked(u, state, picks).unwrap();
+                assert_eq!(y.dims()[1], picks.n);
+                (y, next.layers.remove(1))
+            }
         }
     }
     fn grads(&self, grads: &B::Gradients) -> Vec<(String, Option<Tensor<B::InnerBackend, 1>>)> {
         match self {
             Unit::Mixer(m) => named_grads(m, grads),
             Unit::Block(b) => named_grads(b, grads),
-            Unit::Stack(s) => named_grads(s, grads),
+            Unit::Stack(s) | Unit::Picked(s) => named_grads(s, grads),
         }
     }
     fn kind(&self) -> &'static str {
@@ -79,6 +91,7 @@ impl<B: AutodiffBackend> Unit<B> {
             Unit::Mixer(_) => "mixer",
             Unit::Block(_) => "block",
             Unit::Stack(_) => "stack",
+            Unit::Picked(_) => "picked stack",
         }
     }
 }
@@ -135,7 +148,12 @@ fn compare<B: AutodiffBackend>(tolerance: f64) -> f64 {
         let mut stack = Mamba2Stack::<B>::init(&case.config, &device).unwrap();
         stack.layers[0].norm.weight = norm_weight();
         stack.norm_f.weight = norm_weight();
-        for unit in [mixer, Unit::Block(block), Unit::Stack(stack)] {
+        let mut picked = Mamba2Stack::<B>::init(&Mamba2Config { n_layer: 2, ..case.config.clone() }, &device).unwrap();
+        for layer in &mut picked.layers {
+            layer.norm.weight = norm_weight();
+        }
+        picked.norm_f.weight = norm_weight();
+        for unit in [mixer, Unit::Block(block), Unit::Stack(stack), Unit::Picked(picked)] {
             let fast = run(&unit, case, 7);
             let generic = with_generic_path(|| run(&unit, case, 7));
             assert_eq!(fast.len(), generic.len());
@@ -168,4 +186,21 @@ fn kernel_equals_generic_path_in_f64() {
 fn kernel_equals_generic_path_in_f32() {
     let worst = compare::<FlexF32Grad>(1e-4);
     println!("f32 (Flex): worst relative difference {worst:e} over every output and gradient");
+}
+
+#[test]
+fn picks_that_are_not_rows_of_the_sequence_are_an_error() {
+    let device = Default::default();
+    let config = Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8);
+    let stack = Mamba2Stack::<NdF64Grad>::init(&config, &device).unwrap();
+    let u = normal::<NdF64Grad, 3>([1, 5, 16], 1, &device);
+    for picks in [Picks { n: 3, every: 3 }, Picks { n: 0, every: 1 }, Picks { n: 1, every: 0 }] {
+        match stack.forward_picked(u.clone(), None, picks) {
+            Err(e @ ModelError::Picks { .. }) => assert!(e.to_string().contains("a sequence of 5"), "{e}"),
+            other => panic!("{picks:?}: {:?}", other.map(|(y, _)| y.dims())),
+        }
+    }
+    // Rows 1 and 4 of 5 are.
+    let (y, _) = stack.forward_picked(u, None, Picks { n: 2, every: 3 }).unwrap();
+    assert_eq!(y.dims(), [1, 2, 16]);
 }

@@ -12,7 +12,7 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Element;
-use mamba2_model::{linear_rows, ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, TimeSeriesConfig};
+use mamba2_model::{linear_rows, ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, Picks, TimeSeriesConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -281,6 +281,13 @@ pub struct Batch<B: Backend> {
     pub every: usize,
 }
 
+impl<B: Backend> Batch<B> {
+    /// The forecast positions as the rows the stack's output is wanted at.
+    pub fn picks(&self) -> Picks {
+        Picks { n: self.n_pos, every: self.every }
+    }
+}
+
 /// What followed each forecast position of a batch, relative to its last value: step `s`
 /// after position `j` of sequence `i` is `values[i * seq_stride + starts[j] + s] - level`. A
 /// training batch holds each sequence's values once (the positions' overlap), an evaluation batch
@@ -345,7 +352,8 @@ impl<E: Element> HostBatch<E> {
             out
         };
         let repeat = |v: &[f64]| per_position(&|q, o| o.fill(E::from_elem(v[q])));
-        let positions: Vec<usize> = (0..p).map(|j| self.len - 1 - (p - 1 - j) * self.every.max(1)).collect();
+        let picks = Picks { n: p, every: self.every.max(1) };
+        let positions: Vec<usize> = (0..p).map(|j| picks.row(self.len, j)).collect();
         let truth = if !self.ahead.is_empty() {
             Some((self.ahead, self.len + h - 1, positions.clone()))
         } else {
@@ -405,8 +413,9 @@ impl<B: Backend> Forecaster<B> {
             None if p == len => t,
             None => t.narrow(1, len - p, p),
         };
-        let (hidden, _) = self.mamba.backbone.forward(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None)?;
-        let mut out = linear_rows(&self.mamba.output_proj, self.dropout.forward(last(hidden)));
+        let (hidden, _) =
+            self.mamba.backbone.forward_picked(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None, batch.picks())?;
+        let mut out = linear_rows(&self.mamba.output_proj, self.dropout.forward(hidden));
         if let Some(d) = &self.direct {
             out = out + linear_rows(d, last(batch.inputs.clone()));
         }
@@ -446,7 +455,8 @@ impl<B: Backend> Forecaster<B> {
         }
         let [n, len, n_feat] = batch.inputs.dims();
         let (p, h, d) = (batch.n_pos, self.spec.horizon, self.mamba.output_proj.weight.dims()[0]);
-        let (hidden, _) = self.mamba.backbone.forward(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None)?;
+        let (hidden, _) =
+            self.mamba.backbone.forward_picked(linear_rows(&self.mamba.input_proj, batch.inputs.clone()), None, batch.picks())?;
         let flat = |t: Tensor<B, 2>| {
             let n = t.shape().num_elements();
             t.reshape([n])
@@ -473,7 +483,7 @@ impl<B: Backend> Forecaster<B> {
             loss: mamba2_cpu::readout::LossWeights { mse, mae },
         };
         let mut inputs: [Option<Tensor<B, 1>>; crate::readout::PARENTS] = Default::default();
-        inputs[crate::readout::HIDDEN] = Some(hidden.reshape([n * len * d]));
+        inputs[crate::readout::HIDDEN] = Some(hidden.reshape([n * p * d]));
         inputs[crate::readout::HEAD] = Some(flat(self.mamba.output_proj.weight.val()));
         if let Some(direct) = &self.direct {
             inputs[crate::readout::DIRECT] = Some(flat(direct.weight.val()));

@@ -10,6 +10,7 @@
 //! alone, while the scan and the states it hands on still cover every row.
 
 use crate::backward::backward as core_backward;
+use crate::buffers::{build, BUILD_CHUNK};
 use crate::float::{dot, HostFloat};
 use crate::forward::{forward as core_forward, Inputs, Params, Saved};
 use crate::layout::{Dims, Picks};
@@ -108,8 +109,7 @@ pub struct LayerGrads<T> {
 pub struct LayerSaved<T> {
     /// The `in_proj` output, `[rows, width]`.
     zx: Vec<T>,
-    /// The gated norm's output at the output's rows, the `out_proj` input, `[out rows,
-    /// d_inner]`.
+    /// The gated norm's output, the `out_proj` input, `[rows, d_inner]`.
     normed: Vec<T>,
     core: Saved<T>,
     /// With the block's norm: its output, the `in_proj` input (`[rows, d_model]`), and `1 / rms`
@@ -128,22 +128,43 @@ pub fn packed_parts(dims: &Dims, picks: Option<Picks>) -> [usize; 3] {
     [out_rows * dims.d_model, dims.batch * dims.state_len(), dims.batch * (dims.d_conv - 1) * dims.conv_dim()]
 }
 
-/// Rows `rows` of a row-major matrix `width` wide, in their order.
+/// Rows `rows` of a row-major matrix `width` wide, in their order, copied by the rayon pool.
 fn gather<T: HostFloat>(src: &[T], width: usize, rows: &[usize]) -> Vec<T> {
-    let mut out = Vec::with_capacity(rows.len() * width);
-    for &r in rows {
-        out.extend_from_slice(&src[r * width..(r + 1) * width]);
-    }
-    out
+    let width = width.max(1);
+    build(rows.len() * width, width * BUILD_CHUNK.div_ceil(width), |at, c| {
+        for (o, &r) in c.chunks_mut(width).zip(&rows[at / width..]) {
+            o.copy_from_slice(&src[r * width..(r + 1) * width]);
+        }
+    })
 }
 
-/// A `[n, width]` matrix, zero but for row `rows[i]`, which is `src`'s row `i`.
-fn scatter<T: HostFloat>(src: &[T], width: usize, rows: &[usize], n: usize) -> Vec<T> {
-    let mut out = vec![T::zero(); n * width];
-    for (&r, row) in rows.iter().zip(src.chunks(width)) {
-        out[r * width..(r + 1) * width].copy_from_slice(row);
+/// Rows `rows` of a row-major matrix `width` wide as a matrix: read in place when they are
+/// evenly spaced (as a forecaster's scored rows are when every sequence's picks continue the
+/// last one's stride), else gathered into `store`.
+fn rows_of<'a, T: HostFloat>(src: &'a [T], width: usize, rows: &[usize], store: &'a mut Vec<T>) -> Mat<'a, T> {
+    let step = match rows {
+        [a, b, ..] if b > a => b - a,
+        _ => 0,
+    };
+    if step > 0 && rows.windows(2).all(|p| p[1] - p[0] == step) {
+        return Mat { data: &src[rows[0] * width..], rs: step * width, cs: 1 };
     }
-    out
+    *store = gather(src, width, rows);
+    Mat::rows(store, width)
+}
+
+/// A `[n, width]` matrix, zero but for row `rows[i]`, which is `src`'s row `i` (`rows` rising),
+/// written by the rayon pool.
+fn scatter<T: HostFloat>(src: &[T], width: usize, rows: &[usize], n: usize) -> Vec<T> {
+    let width = width.max(1);
+    build(n * width, width * BUILD_CHUNK.div_ceil(width), |at, c| {
+        let (first, last) = (at / width, (at + c.len()) / width);
+        let from = rows.partition_point(|&r| r < first);
+        for (i, &r) in rows[from..].iter().take_while(|&&r| r < last).enumerate() {
+            let src_row = from + i;
+            c[(r - first) * width..(r - first + 1) * width].copy_from_slice(&src[src_row * width..(src_row + 1) * width]);
+        }
+    })
 }
 
 /// The source of the conv tail's row `s` for batch `b`: the last `d_conv - 1` pre-convolution
@@ -170,16 +191,17 @@ pub fn forward<T: HostFloat>(a: &LayerPlan<T>, keep: bool) -> (Vec<T>, Option<La
     let (normed, fin, core) = core_forward(&dims, &a.inputs(&zx), &a.params(), keep);
 
     let [ny, ns, nt] = packed_parts(&dims, a.picks);
-    // From here on only the output's rows: all, or the picked ones gathered.
+    // From here on only the output's rows: all, or the picked ones.
     let picked = a.picked();
-    let (normed, out_rows) = match &picked {
-        Some(sel) => (gather(&normed, di, sel), sel.len()),
-        None => (normed, rows),
+    let mut store = Vec::new();
+    let (lhs, out_rows) = match &picked {
+        Some(sel) => (rows_of(&normed, di, sel, &mut store), sel.len()),
+        None => (Mat::rows(&normed, di), rows),
     };
     let u_picked = picked.as_ref().filter(|_| pre.is_some()).map(|sel| gather(a.u, dm, sel));
     let residual = pre.is_some().then(|| u_picked.as_deref().unwrap_or(a.u));
-    let mut out = affine(out_rows, dm, di, Mat::rows(&normed, di), Mat::rows(a.out_w, dm), a.out_b, residual);
-    drop(u_picked);
+    let mut out = affine(out_rows, dm, di, lhs, Mat::rows(a.out_w, dm), a.out_b, residual);
+    drop((u_picked, store));
     let post = a.post_w.map(|pw| {
         let (normed, rstd) = rms_norm(&out, pw, dims.eps);
         (std::mem::replace(&mut out, normed), rstd)
@@ -222,7 +244,13 @@ pub fn backward<T: HostFloat>(a: &LayerPlan<T>, saved: &LayerSaved<T>, gout: &[T
 
     // out_proj: its weight, its bias, and the gradient reaching the norm's output, which is
     // zero at the rows not picked.
-    let out_w = product(di, dm, out_rows, Mat::transposed(&saved.normed, di), Mat::rows(gy, dm));
+    let mut store = Vec::new();
+    let lhs = match &saved.picked {
+        Some(sel) => rows_of(&saved.normed, di, sel, &mut store),
+        None => Mat::rows(&saved.normed, di),
+    };
+    let out_w = product(di, dm, out_rows, Mat { data: lhs.data, rs: lhs.cs, cs: lhs.rs }, Mat::rows(gy, dm));
+    drop(store);
     let out_b = if a.out_b.is_some() { column_sums(gy, dm) } else { Vec::new() };
     let mut gnormed = product(out_rows, di, dm, Mat::rows(gy, dm), Mat::transposed(a.out_w, dm));
     // The residual's gradient at every row, where it is needed.
@@ -306,9 +334,17 @@ mod tests {
     /// the rows not picked. In f64, for the mixer alone and for the block with both norms.
     #[test]
     fn picked_rows_equal_the_whole_output_at_those_rows() {
+        // At L 11 the picked rows are gathered; at L 12 each sequence's continue the stride of
+        // the last one's, and they are read in place.
+        for len in [11, 12] {
+            picked_rows_at(len);
+        }
+    }
+
+    fn picked_rows_at(len: usize) {
         let dims = Dims {
             batch: 3,
-            len: 11,
+            len,
             d_model: 6,
             nheads: 4,
             headdim: 2,
@@ -359,7 +395,7 @@ mod tests {
             let close = |a: &[f64], b: &[f64], what: &str| {
                 assert_eq!(a.len(), b.len(), "{what}: lengths");
                 let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-                assert!(worst <= 1e-12, "block {block}, {what}: differ by {worst:e}");
+                assert!(worst <= 1e-12, "L {len}, block {block}, {what}: differ by {worst:e}");
             };
             close(&part[..py], &gather(&whole[..ny], dm, &sel), "output");
             close(&part[py..], &whole[ny..], "states");

@@ -11,7 +11,9 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Distribution;
-use mamba2_model::{named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState, ModelError, Picks};
+use mamba2_model::{
+    named_grads, with_generic_path, Mamba2Block, Mamba2Config, Mamba2Mixer, Mamba2Stack, Mamba2State, MixerState, ModelError, Picks,
+};
 use mamba2_tensor::compare::{rel_diff, to_f64_vec};
 
 struct Case {

@@ -135,8 +135,8 @@ pub struct ReadoutPlan<'a, T> {
 /// What the forward keeps for the backward: the loss's gradients, which the backward scales.
 #[derive(Debug)]
 pub struct ReadoutSaved<T> {
-    /// `[n_seq, len, d_model]`, the stack's output's: moved out by the backward (which runs
-    /// once per graph) rather than copied, 2.75 MB at the default shape.
+    /// `[n_seq, n_pos, d_model]`, the stack's output's: moved out by the backward (which runs
+    /// once per graph) rather than copied, 1.4 MB at the default shape.
     hidden: std::sync::Mutex<Vec<T>>,
     /// `[width, H]`, the head's then the direct map's.
     gw: Vec<T>,
@@ -147,7 +147,7 @@ pub struct ReadoutSaved<T> {
 /// The gradients of a readout's loss.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReadoutGrads<T> {
-    /// `[n_seq, len, d_model]`, zero away from the scored rows.
+    /// `[n_seq, n_pos, d_model]`, the stack's output's at the scored rows.
     pub hidden: Vec<T>,
     /// `[d_model, H]`.
     pub head_w: Vec<T>,

@@ -64,15 +64,24 @@ multiversion! {
 }
 
 /// The backward pass: gradients of every input, given those of the norm's output (`gout`,
-/// `[batch, L, d_inner]`) and of the final state (`gfin`, `[batch, nheads, headdim, d_state]`).
-pub(crate) fn backward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T], gfin: &[T]) -> Grads<T> {
+/// `[batch, L, d_inner]`, or `[sel.len(), d_inner]` when the forward had `sel`) and of the final
+/// state (`gfin`, `[batch, nheads, headdim, d_state]`).
+pub(crate) fn backward<T: HostFloat>(
+    dims: &Dims,
+    inp: &Inputs<T>,
+    prm: &Params<T>,
+    saved: &Saved<T>,
+    sel: Option<&[usize]>,
+    gout: &[T],
+    gfin: &[T],
+) -> Grads<T> {
     let (l, h, p, n) = (dims.len, dims.nheads, dims.headdim, dims.d_state);
     let (di, cd, w, k, rows) = (dims.d_inner(), dims.conv_dim(), dims.width(), dims.d_conv, dims.rows());
     let a: Vec<T> = prm.a_log.iter().map(|v| -v.exp()).collect();
     // Norm: gradient of y (into gy) and of z (into gzx, whose other columns the later passes
-    // fill), and partial sums for the norm weight.
+    // fill), and partial sums for the norm weight; zero at the rows the norm's output skipped.
     let ([gy, mut gzx], norm_partials) =
-        build_rows(rows, ROWS_PER_TASK, [di, w], |first, [gy, gzx]| norm_backward_rows(dims, inp, prm, saved, gout, first, gy, gzx));
+        build_rows(rows, ROWS_PER_TASK, [di, w], |first, [gy, gzx]| norm_backward_rows(dims, inp, prm, saved, sel, gout, first, gy, gzx));
     let norm_w = sum_partials(norm_partials, di);
 
     // The scan in reverse, one block of consecutive heads of one batch entry per task: one block

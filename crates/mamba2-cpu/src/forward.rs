@@ -53,16 +53,23 @@ pub(crate) struct Saved<T> {
     pub(crate) dt: Vec<T>,
     /// The scan output with the skip, before the norm, `[rows, d_inner]`.
     pub(crate) y: Vec<T>,
-    /// `1 / rms` per row and norm group, `[rows, ngroups]`.
+    /// `1 / rms` per row of the norm's output and norm group, `[out rows, ngroups]`.
     pub(crate) rstd: Vec<T>,
 }
 
-/// The forward pass: the gated norm's output `[batch, L, d_inner]`, the final scan state
+/// The forward pass: the gated norm's output `[batch, L, d_inner]`, or `[sel.len(), d_inner]` at
+/// the rows `sel` alone (rising indices into all `batch * L` rows), the final scan state
 /// `[batch, nheads, headdim, d_state]`, and what the backward needs.
 ///
 /// With `keep = false` (no backward will follow) the SiLU's sigmoid is not kept: the returned
 /// [`Saved`] is then only good for dropping.
-pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, keep: bool) -> (Vec<T>, Vec<T>, Saved<T>) {
+pub(crate) fn forward<T: HostFloat>(
+    dims: &Dims,
+    inp: &Inputs<T>,
+    prm: &Params<T>,
+    sel: Option<&[usize]>,
+    keep: bool,
+) -> (Vec<T>, Vec<T>, Saved<T>) {
     let (h, g) = (dims.nheads, dims.ngroups);
     let (di, cd, rows) = (dims.d_inner(), dims.conv_dim(), dims.rows());
     let wt = transpose_conv(dims, prm.conv_w);
@@ -94,7 +101,10 @@ pub(crate) fn forward<T: HostFloat>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T
         fin.set_len(dims.batch * dims.state_len());
     }
 
-    // The gated norm, written straight into `out`.
-    let ([out, rstd], _) = build_rows(rows, ROWS_PER_TASK, [di, g], |first, [out, rstd]| norm_rows(dims, inp, prm, &y, first, out, rstd));
+    // The gated norm, written straight into `out`, at the rows wanted: its output feeds only
+    // `out_proj`, which a forecaster reads at half the rows or fewer.
+    let out_rows = sel.map_or(rows, <[usize]>::len);
+    let ([out, rstd], _) =
+        build_rows(out_rows, ROWS_PER_TASK, [di, g], |first, [out, rstd]| norm_rows(dims, inp, prm, &y, sel, first, out, rstd));
     (out, fin, Saved { sx, xa, dt, y, rstd })
 }

@@ -9,12 +9,15 @@ use crate::forward::{Inputs, Params, Saved};
 use crate::layout::Dims;
 
 multiversion! {
-    /// The gated norm of the scan's output `y` (all rows) for the rows from `first` on, into
-    /// `out`, with `1 / rms` into `rstd`.
-    fn norm_rows<T>(dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, y: &[T], first: usize, out: &mut [T], rstd: &mut [T]) {
+    /// The gated norm of the scan's output `y` (all rows) for output rows `first` on, into
+    /// `out`, with `1 / rms` into `rstd`: output row `i` is row `sel[i]` of `y` (row `i` without
+    /// `sel`).
+    fn norm_rows<T>(
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, y: &[T], sel: Option<&[usize]>, first: usize, out: &mut [T], rstd: &mut [T]
+    ) {
         let (g, w, di) = (dims.ngroups, dims.width(), dims.d_inner());
         for (i, (orow, rs)) in out.chunks_mut(di).zip(rstd.chunks_mut(g)).enumerate() {
-            let r = first + i;
+            let r = sel.map_or(first + i, |s| s[first + i]);
             gated_norm_row(dims, &y[r * di..(r + 1) * di], &inp.zx[r * w..][dims.z()], prm.norm_w, orow, rs);
         }
     }
@@ -57,23 +60,32 @@ pub(crate) fn gated_norm_row<T: HostFloat>(dims: &Dims, y: &[T], z: &[T], w: &[T
 
 multiversion! {
     /// The norm's backward for the rows from `first` on: the gradient of `y` into `gy` and of `z`
-    /// into the `z` columns of `gzx`; returns these rows' part of the norm weight's gradient.
+    /// into the `z` columns of `gzx` (both zero on entry); returns these rows' part of the norm
+    /// weight's gradient. With `sel`, the norm's output and `gout` are at rows `sel` alone
+    /// (rising), and the other rows are left at zero.
     fn norm_backward_rows<T>(
-        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, gout: &[T], first: usize,
+        dims: &Dims, inp: &Inputs<T>, prm: &Params<T>, saved: &Saved<T>, sel: Option<&[usize]>, gout: &[T], first: usize,
         gy: &mut [T], gzx: &mut [T]
     ) -> Vec<T> {
         let (g, di, w) = (dims.ngroups, dims.d_inner(), dims.width());
         let gw = di / g;
         let mut gnw = vec![T::zero(); di];
         let mut sig = vec![T::zero(); di];
+        // The next output row, and (with `sel`) the row of `y` it is.
+        let mut next = sel.map_or(first, |s| s.partition_point(|&r| r < first));
         for (i, (gyr, gzr)) in gy.chunks_mut(di).zip(gzx.chunks_mut(w)).enumerate() {
             let r = first + i;
+            if sel.is_some_and(|s| s.get(next) != Some(&r)) {
+                continue;
+            }
+            let o = next;
+            next += 1;
             let z = &inp.zx[r * w..][dims.z()];
             sigmoid_into(z, &mut sig);
             for gi in 0..g {
                 let span = gi * gw..(gi + 1) * gw;
-                let inv = saved.rstd[r * g + gi];
-                let go = &gout[r * di..(r + 1) * di][span.clone()];
+                let inv = saved.rstd[o * g + gi];
+                let go = &gout[o * di..(o + 1) * di][span.clone()];
                 let yr = &saved.y[r * di..(r + 1) * di][span.clone()];
                 let (z, sig, nw) = (&z[span.clone()], &sig[span.clone()], &prm.norm_w[span.clone()]);
                 let (gnw, gyr, gzr) = (&mut gnw[span.clone()], &mut gyr[span.clone()], &mut gzr[span]);

@@ -188,6 +188,23 @@ fn check<T>(p: &ReadoutPlan<T>) {
 }
 
 multiversion! {
+    /// One scored row's forecasts `f` become its errors: `f * scale + rot[s % period] - q_now -
+    /// (truth - level)` at step `s` (the scale and the cycle where given; `rot` is empty without
+    /// a cycle), in that order, as separate passes that each vectorise.
+    fn errors_row<T>(f: &mut [T], scale: Option<&[T]>, rot: &[T], q_now: T, truth: &[f64], level: f64) {
+        if let Some(scale) = scale {
+            f.iter_mut().zip(scale).for_each(|(v, &s)| *v = *v * s);
+        }
+        if !rot.is_empty() {
+            for piece in f.chunks_mut(rot.len()) {
+                piece.iter_mut().zip(rot).for_each(|(v, &c)| *v = *v + c - q_now);
+            }
+        }
+        f.iter_mut().zip(truth).for_each(|(v, &t)| *v = *v - T::from(t - level).expect("a float"));
+    }
+}
+
+multiversion! {
     /// The sums of the squares and of the absolute values of one row of errors `e`, which it
     /// overwrites with the loss's derivative `two_mse * e + mae * sign(e)`.
     fn loss_row<T>(e: &mut [T], two_mse: T, mae: T) -> (T, T) {
@@ -255,6 +272,9 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
     let mut hidden = if keep { vec![T::zero(); m * dm] } else { Vec::new() };
     let hidden_at = hidden.as_mut_ptr() as usize;
     let q_len = p.cycle.map_or(0, |c| c.q.len());
+    // Each series' cycle twice over, so that any rotation of it is one slice.
+    let twice: Vec<T> =
+        p.cycle.map_or(Vec::new(), |c| c.q.chunks(c.period).flat_map(|series| series.iter().chain(series)).copied().collect());
     let block = |mut acc: Block<T>, task: usize| {
         let (first, rows) = (task * ROWS_PER_TASK, ROWS_PER_TASK.min(m - task * ROWS_PER_TASK));
         let at = |r: usize| (r / d.n_pos) * d.len + d.position(r % d.n_pos);
@@ -271,23 +291,14 @@ pub fn forward<T: HostFloat>(p: &ReadoutPlan<T>, keep: bool) -> (f64, Option<Rea
             let r = first + i;
             let (truth, level) = p.truth.window(r, h);
             let scale = p.scale.map(|s| &s[r * h..(r + 1) * h]);
-            // The phase ahead advances by one per step and wraps without a division.
-            let mut cycle = p.cycle.map(|c| {
+            // Step `s` adds the cycle's value `s + 1` phases after now: the series' period
+            // rotated to start there, repeated along the row.
+            let (rot, q_now) = p.cycle.map_or((&[][..], T::zero()), |c| {
                 let now = c.now[r] as usize;
-                let series = &c.q[(now / c.period) * c.period..][..c.period];
-                (series, next_phase(now % c.period, c.period), c.q[now])
+                let ahead = next_phase(now % c.period, c.period);
+                (&twice[2 * (now / c.period) * c.period + ahead..][..c.period], c.q[now])
             });
-            for (s, v) in row.iter_mut().enumerate() {
-                let mut f = *v;
-                if let Some(scale) = scale {
-                    f = f * scale[s];
-                }
-                if let Some((series, ahead, q_now)) = &mut cycle {
-                    f = f + series[*ahead] - *q_now;
-                    *ahead = next_phase(*ahead, series.len());
-                }
-                *v = f - T::from(truth[s] - level).expect("a float");
-            }
+            errors_row(row, scale, rot, q_now, truth, level);
             // The row becomes the loss's derivative with respect to each forecast.
             let (row_sq, row_ab) = loss_row(row, two_mse, mae);
             acc.sq += row_sq.to_f64().expect("a float");
@@ -481,7 +492,7 @@ mod tests {
         let wave = |n: usize, f: f32| (0..n).map(|i| ((i as f32 + 1.0) * f).sin()).collect::<Vec<f32>>();
         let (hidden, inputs) = (wave(d.rows() * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
         let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
-        let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon - 1)).map(|i| (i as f64 * 0.43).sin()).collect();
+        let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon)).map(|i| (i as f64 * 0.43).sin()).collect();
         let level: Vec<f64> = (0..d.rows()).map(|r| (r as f64 * 0.61).cos()).collect();
         let starts: Vec<usize> = (0..d.n_pos).map(|j| d.position(j)).collect();
         let now: Vec<i64> = (0..d.rows()).map(|r| (r % 24) as i64).collect();

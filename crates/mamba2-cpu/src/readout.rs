@@ -492,7 +492,7 @@ mod tests {
         let wave = |n: usize, f: f32| (0..n).map(|i| ((i as f32 + 1.0) * f).sin()).collect::<Vec<f32>>();
         let (hidden, inputs) = (wave(d.rows() * d.d_model, 0.37), wave(d.n_seq * d.len * d.n_feat, 0.71));
         let (head_w, direct_w) = (wave(d.d_model * d.horizon, 0.53), wave(d.n_feat * d.horizon, 0.29));
-        let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon)).map(|i| (i as f64 * 0.43).sin()).collect();
+        let values: Vec<f64> = (0..d.n_seq * (d.len + d.horizon - 1)).map(|i| (i as f64 * 0.43).sin()).collect();
         let level: Vec<f64> = (0..d.rows()).map(|r| (r as f64 * 0.61).cos()).collect();
         let starts: Vec<usize> = (0..d.n_pos).map(|j| d.position(j)).collect();
         let now: Vec<i64> = (0..d.rows()).map(|r| (r % 24) as i64).collect();

@@ -59,6 +59,7 @@ mod buffers;
 mod conv;
 mod float;
 mod forward;
+mod guard;
 mod helper;
 pub mod layer;
 mod layout;
@@ -72,6 +73,7 @@ pub mod streaming;
 mod vector_tests;
 
 pub use float::HostFloat;
+pub use guard::catch_panic;
 pub use layer::{LayerGrads, LayerPlan, LayerSaved};
 pub use layout::{Dims, Picks};
 pub use streaming::{BlockParams, LayerWeights, Linear, StepSizeError, Streaming, StreamingState, HELPER_ABOVE_BYTES};

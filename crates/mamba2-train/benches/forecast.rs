@@ -24,10 +24,11 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use criterion::{criterion_group, BenchmarkId, Criterion};
+use mamba2_forecast::features::Truth;
+use mamba2_forecast::{ForecastStream, ForecasterConfig};
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
-use mamba2_train::features::Truth;
-use mamba2_train::{train_step, train_workers, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
+use mamba2_train::{train_step, train_workers, Prepared, RunDir, TrainConfig};
 
 #[path = "common/etth1.rs"]
 mod etth1;

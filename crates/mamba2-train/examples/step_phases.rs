@@ -16,10 +16,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use mamba2_forecast::features::Truth;
+use mamba2_forecast::ForecasterConfig;
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
-use mamba2_train::features::Truth;
-use mamba2_train::{ForecasterConfig, TrainConfig};
+use mamba2_train::TrainConfig;
 
 #[path = "../benches/common/etth1.rs"]
 mod etth1;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
 
-use crate::forecaster::Forecaster;
+use mamba2_forecast::Forecaster;
 
 /// The averaged weights, in a model of their own.
 #[derive(Debug, Clone)]

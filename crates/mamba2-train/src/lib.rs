@@ -1,69 +1,54 @@
-//! Training, evaluating and streaming Mamba-2 forecasters on time series from CSV or Parquet
-//! files; the library behind the `mamba2` command.
+//! Training Mamba-2 forecasters: the loop with early stopping, a weight average, atomic best and
+//! last checkpoints, exact resume, a NaN/Inf guard naming the step and parameter, JSON-lines
+//! metrics, evaluation, and data-parallel workers in one process or across processes
+//! (`burn-collective`). The model is `mamba2-forecast`'s, the rows `mamba2-data`'s; the `mamba2`
+//! command drives all three.
 //!
-//! - [`data`]: CSV and Parquet loading (with the date column's time stamps), chronological
-//!   splits, z-score scaling fitted on training rows, windows, the Repeat baseline.
-//! - [`calendar`]: dates to a row clock, and the day and week cycles of the sampling interval.
-//! - [`features`]: what the model reads at each row, from the past alone ([`features::RowEncoder`]).
-//! - [`Forecaster`]: each series its own sequence through a Mamba-2 over time; a head and a
-//!   direct map forecast the next `H` values relative to the last one, plus a learned cycle
-//!   (`docs/forecasting.md`). [`ForecastStream`]: the same model one row at a time.
-//! - [`train`]: the loop, with early stopping, atomic best/last checkpoints, exact resume, a
-//!   NaN/Inf guard naming the step and parameter, and JSON-lines metrics. [`open_forecaster`]:
-//!   a checkpoint from anyone, its sizes bounded before memory is reserved.
-//! - [`plot`]: line charts as PNG (plotters), with axes, labels, title and legend.
+//! - [`train`]: a run into a [`RunDir`] (`best.ckpt`, `last.ckpt`, `metrics.jsonl`), continued
+//!   exactly by `resume`; a run is a function of its settings and seed, bit for bit, on a given
+//!   machine and thread count. [`train_workers`] and [`train_parallel`]: the same run split over
+//!   data-parallel workers.
+//! - [`evaluate`], [`evaluate_table`], [`evaluate_continuous`]: a model's errors over windows.
+//! - [`Ema`]: the exponential moving average of the weights that validation and checkpoints use.
 //!
 //! ```
-//! use burn::backend::NdArray;
-//! use mamba2_train::calendar::Calendar;
-//! use mamba2_train::data::{ColumnChoice, Scaler, Table};
-//! use mamba2_train::{ForecastStream, ForecasterConfig};
+//! use burn::backend::{Autodiff, NdArray};
+//! use mamba2_forecast::data::{calendar::Calendar, ColumnChoice, Scaler, Split, Table};
+//! use mamba2_forecast::ForecasterConfig;
+//! use mamba2_train::{train, Prepared, RunDir, TrainConfig};
 //!
-//! // Hourly rows with a date column: the calendar gives the day (24 rows) and the week.
-//! let csv = "date,a,b\n".to_string()
-//!     + &(0..200).map(|t| format!("2024-01-{:02} {:02}:00,{},{}\n", 1 + t / 24, t % 24, t % 7, (t * 3) % 5)).collect::<String>();
+//! let csv = "date,load\n".to_string()
+//!     + &(0..400).map(|t| format!("2024-01-{:02} {:02}:00,{}\n", 1 + t / 24, t % 24, (t % 24) as f64 / 4.0)).collect::<String>();
 //! let table = Table::from_csv_str(&csv, "inline", &ColumnChoice::default()).unwrap();
-//! let calendar = table.times.as_deref().and_then(Calendar::detect).unwrap();
-//! assert_eq!(calendar.periods, [24, 168]);
-//! let clock: Vec<i64> = table.times.as_ref().unwrap().iter().map(|&t| calendar.clock(t)).collect();
-//! let rows = Scaler::fit(&table.rows[..140], &table.columns).unwrap().transform(&table.rows, &table.columns).unwrap();
-//!
-//! // An untrained default model forecasts Repeat, over a history and row by row alike.
-//! let config = ForecasterConfig::defaults(48, 4, table.columns.clone(), table.columns.clone(), Some(calendar));
-//! let model = config.init::<NdArray<f64>>(&Default::default()).unwrap();
-//! let whole = model.forecast_history(&rows, &clock, &Default::default()).unwrap(); // [H, 2]
-//! let mut stream = ForecastStream::<f64>::new(&model);
-//! let last = (0..rows.len()).map(|r| stream.push(&rows[r], clock[r]).unwrap()).last().unwrap();
-//! assert_eq!(whole, last);
-//! assert_eq!(&whole[..2], &rows[199][..]);
+//! let calendar = table.times.as_deref().and_then(Calendar::detect);
+//! let clock = table.times.as_ref().unwrap().iter().map(|&t| calendar.as_ref().unwrap().clock(t)).collect();
+//! let (lookback, horizon) = (24, 4);
+//! let ranges = Split::Fractions { train: 0.7, val: 0.15 }.ranges(table.rows.len(), lookback).unwrap();
+//! let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).unwrap();
+//! let rows = scaler.transform(&table.rows, &table.columns).unwrap();
+//! let config = ForecasterConfig::defaults(lookback, horizon, table.columns.clone(), table.columns.clone(), calendar);
+//! let data = Prepared { rows, scaler, ranges, targets: vec![0], clock };
+//! let dir = RunDir(std::env::temp_dir().join(format!("mamba2-train-doc-{}", std::process::id())));
+//! let tc = TrainConfig { epochs: 2, ..TrainConfig::default() };
+//! let summary = train::<Autodiff<NdArray<f32>>>(&config, &tc, &data, &dir, false, &Default::default(), |_| {}).unwrap();
+//! assert_eq!(summary.history.len(), 2);
+//! assert!(dir.best().exists() && dir.metrics().exists());
+//! # std::fs::remove_dir_all(&dir.0).unwrap();
 //! ```
 
 // Every `unsafe` block states why it is sound, and clippy holds it to that.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod calendar;
-pub mod data;
-pub mod ema;
-pub mod features;
-mod forecaster;
-mod load;
+mod ema;
 mod memory;
 mod parallel;
-mod parquet_input;
-pub mod plot;
-mod readout;
-mod stream;
 mod trainer;
 
-pub use forecaster::{
-    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, RelativeTruth, DEFAULT_PATCH,
-};
-pub use load::{open_forecaster, Opened};
+pub use ema::Ema;
 pub use memory::keep_freed_memory;
 pub use parallel::{Cluster, Peer, Workers, DEFAULT_PEER_TIMEOUT, EXCHANGE_THREAD};
-pub use stream::ForecastStream;
 pub use trainer::{
-    evaluate, evaluate_continuous, evaluate_table, train, train_parallel, train_step, train_workers, EpochRecord, Loss, Prepared, Progress,
+    evaluate, evaluate_continuous, evaluate_table, train, train_parallel, train_step, train_workers, EpochRecord, Prepared, Progress,
     RunDir, TrainConfig, TrainSummary,
 };
 
@@ -92,14 +77,6 @@ pub enum TrainError {
         /// What is wrong.
         why: String,
     },
-    /// A chart could not be drawn.
-    #[error("{path}: chart: {why}")]
-    Plot {
-        /// The chart's file.
-        path: String,
-        /// What is wrong.
-        why: String,
-    },
     /// Training produced NaN or infinity.
     #[error("non-finite value at optimizer step {step}: {what}")]
     NonFinite {
@@ -123,4 +100,24 @@ pub enum TrainError {
         /// What happened.
         why: String,
     },
+}
+
+impl From<mamba2_data::DataError> for TrainError {
+    /// The same message: a data error is one of a run's.
+    fn from(e: mamba2_data::DataError) -> Self {
+        match e {
+            mamba2_data::DataError::Io { path, cause } => TrainError::Io { path, cause },
+            mamba2_data::DataError::Data { origin, why } => TrainError::Data { origin, why },
+            mamba2_data::DataError::Config { why } => TrainError::Config { why },
+        }
+    }
+}
+
+impl From<mamba2_forecast::ForecastError> for TrainError {
+    fn from(e: mamba2_forecast::ForecastError) -> Self {
+        match e {
+            mamba2_forecast::ForecastError::Data(e) => e.into(),
+            mamba2_forecast::ForecastError::Model(e) => TrainError::Model(e),
+        }
+    }
 }

@@ -14,10 +14,11 @@ use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError, StepR
 use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{ErrorSums, ErrorTable, Scaler, Windows};
+use mamba2_data::{ErrorSums, ErrorTable, Scaler, Windows};
+use mamba2_forecast::features::Truth;
+use mamba2_forecast::{Batch, Forecaster, ForecasterConfig, Loss};
+
 use crate::ema::Ema;
-use crate::features::Truth;
-use crate::forecaster::{Batch, Forecaster, ForecasterConfig};
 use crate::parallel::{Peer, Workers};
 use crate::TrainError;
 
@@ -55,37 +56,13 @@ pub struct TrainConfig {
     #[serde(default)]
     pub loss: Loss,
     /// Evaluate and keep an exponential moving average of the weights with this decay per step
-    /// ([`Ema`](crate::ema::Ema)); `None`: the weights as they are.
+    /// ([`Ema`](crate::Ema)); `None`: the weights as they are.
     #[serde(default)]
     pub ema: Option<f64>,
 }
 
 fn one() -> usize {
     1
-}
-
-/// The training loss over every forecast position and step, in the data's scaled units.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Loss {
-    /// Mean squared error.
-    Mse,
-    /// Mean absolute error: the default (`docs/forecasting.md`: equal validation MSE, lower
-    /// MAE than the sum of the two at H 96 and H 720).
-    #[default]
-    Mae,
-    /// The sum of the two.
-    MseMae,
-}
-
-impl Loss {
-    /// The weights of the mean squared and the mean absolute error in the loss.
-    pub fn weights(self) -> (f64, f64) {
-        match self {
-            Loss::Mse => (1.0, 0.0),
-            Loss::Mae => (0.0, 1.0),
-            Loss::MseMae => (1.0, 1.0),
-        }
-    }
 }
 
 /// Whether early stopping ends a run after `done` epochs, the best of which (counted from 1; 0

@@ -6,7 +6,8 @@
 use burn::backend::{Autodiff, Flex};
 use burn_wgpu::Wgpu;
 
-use crate::parallel::{run, worst};
+use crate::common::worst;
+use crate::parallel::run;
 
 #[test]
 fn the_forecaster_trains_on_wgpu_as_on_flex() {

@@ -2,10 +2,13 @@
 //! it no better than Repeat, and the model's streaming and history paths against each other.
 
 use burn::backend::{Autodiff, Flex, NdArray};
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
-use mamba2_train::features::Truth;
-use mamba2_train::{evaluate, train, ForecastStream, ForecasterConfig, Prepared, RunDir, TrainConfig};
+use mamba2_forecast::data::calendar::Calendar;
+use mamba2_forecast::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
+use mamba2_forecast::features::Truth;
+use mamba2_forecast::{ForecastStream, ForecasterConfig};
+use mamba2_train::{evaluate, train, Prepared, RunDir, TrainConfig};
+
+use crate::common::stamp;
 
 /// Two hourly series: a trend, a daily cycle whose shape differs per series, a slow wave, and
 /// noise (the seeded generator of the tests).
@@ -29,23 +32,6 @@ fn chrono_like_start() -> i64 {
     1_614_556_800
 }
 
-/// `YYYY-MM-DD HH:MM:00` of seconds since 1970-01-01 (UTC).
-pub fn stamp(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:00", rem / 3600, rem % 3600 / 60)
-}
-
 // Flex for f32: NdArray<f32> and NdArray<f64> in one process share a default float type.
 type B = Autodiff<Flex>;
 
@@ -66,7 +52,7 @@ fn the_default_model_beats_repeat_on_a_learnable_series() {
     let _ = std::fs::remove_dir_all(&dir);
     let device = Default::default();
     let summary = train::<B>(&config, &tc, &data, &RunDir(dir.clone()), false, &device, |_| {}).unwrap();
-    let best = mamba2_model::load_checkpoint::<Flex, mamba2_train::Forecaster<_>, ForecasterConfig>(
+    let best = mamba2_model::load_checkpoint::<Flex, mamba2_forecast::Forecaster<_>, ForecasterConfig>(
         &RunDir(dir.clone()).best(),
         &device,
         |c, d| c.init(d),
@@ -141,7 +127,7 @@ fn the_fused_loss_equals_the_tensor_loss() {
     use burn::module::{Module, ModuleMapper, Param};
     use burn::prelude::*;
     use burn::tensor::backend::AutodiffBackend;
-    use mamba2_train::Loss;
+    use mamba2_forecast::Loss;
 
     // The jittered weights are leaves of the graph again, as a model's own weights are.
     struct Jitter;
@@ -173,7 +159,7 @@ fn the_fused_loss_equals_the_tensor_loss() {
             };
             let batch = build(truth).into_device(7, &device);
             // Both forms of the truth hold the same values at every forecast position.
-            let values = |b: &mamba2_train::Batch<B>| {
+            let values = |b: &mamba2_forecast::Batch<B>| {
                 b.truth.as_ref().unwrap().tensor::<B>(&device).into_data().convert::<f64>().to_vec::<f64>().unwrap()
             };
             assert_eq!(values(&batch), values(&build(Truth::Values).into_device(7, &device)), "every {every}: the truth's two forms");

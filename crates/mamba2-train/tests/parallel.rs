@@ -3,20 +3,14 @@
 //! epochs, clipping, warm-up and cosine schedule included), and with the same loss curve.
 
 use burn::backend::{Autodiff, Flex, NdArray};
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::prelude::*;
+use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{ColumnChoice, Scaler, Split, Table};
-use mamba2_train::{train_workers, Forecaster, ForecasterConfig, Prepared, RunDir, TrainConfig, TrainSummary};
+use mamba2_forecast::data::calendar::Calendar;
+use mamba2_forecast::data::{ColumnChoice, Scaler, Split, Table};
+use mamba2_forecast::{Forecaster, ForecasterConfig};
+use mamba2_train::{train_workers, Prepared, RunDir, TrainConfig, TrainSummary};
 
-pub(crate) struct Values(pub(crate) Vec<Vec<f64>>);
-
-impl<B: Backend> ModuleVisitor<B> for Values {
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-        self.0.push(p.val().into_data().convert::<f64>().into_vec::<f64>().unwrap());
-    }
-}
+use crate::common::{worst, Values};
 
 fn setup() -> (ForecasterConfig, TrainConfig, Prepared) {
     let table = Table::from_csv_str(&crate::forecast::synthetic(700), "synthetic", &ColumnChoice::default()).unwrap();
@@ -52,19 +46,6 @@ where
     last.visit(&mut values);
     let _ = std::fs::remove_dir_all(&dir);
     (summary, values.0)
-}
-
-/// The largest `||a - b|| / ||b||` over the parameters.
-pub(crate) fn worst(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let diff: f64 = x.iter().zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>().sqrt();
-            let norm: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
-            diff / norm.max(1e-30)
-        })
-        .fold(0.0, f64::max)
 }
 
 fn equivalent<B: AutodiffBackend>(tag: &str, tolerance: f64)

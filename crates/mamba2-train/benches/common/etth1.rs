@@ -1,8 +1,8 @@
 //! The embedded ETTh1 as the forecast bench and the `step_phases` example read it: scaled on the
 //! protocol's training rows, with the calendar's clock of every row.
 
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{ColumnChoice, Scaler, Table};
+use mamba2_forecast::data::calendar::Calendar;
+use mamba2_forecast::data::{ColumnChoice, Scaler, Table};
 
 const ETTH1: &str = include_str!("../../../../data/ett/ETTh1.csv");
 

@@ -17,9 +17,32 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use crate::calendar::Calendar;
 use crate::features::{FeatureMap, HostBatch, Truth};
-use crate::trainer::Loss;
+use mamba2_data::calendar::Calendar;
+
+/// The training loss over every forecast position and step, in the data's scaled units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Loss {
+    /// Mean squared error.
+    Mse,
+    /// Mean absolute error: the default (`docs/forecasting.md`: equal validation MSE, lower
+    /// MAE than the sum of the two at H 96 and H 720).
+    #[default]
+    Mae,
+    /// The sum of the two.
+    MseMae,
+}
+
+impl Loss {
+    /// The weights of the mean squared and the mean absolute error in the loss.
+    pub fn weights(self) -> (f64, f64) {
+        match self {
+            Loss::Mse => (1.0, 0.0),
+            Loss::Mae => (0.0, 1.0),
+            Loss::MseMae => (1.0, 1.0),
+        }
+    }
+}
 
 /// What the forecaster reads and predicts, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -583,7 +606,7 @@ mod tests {
     /// of them (else it would bound nothing).
     #[test]
     fn min_weights_is_a_close_lower_bound() {
-        let cal = crate::calendar::Calendar { interval: 3600, periods: vec![24, 168] };
+        let cal = mamba2_data::calendar::Calendar { interval: 3600, periods: vec![24, 168] };
         let features: Vec<String> = (0..7).map(|i| format!("c{i}")).collect();
         for (l, h, targets, direct, layers) in [(96, 96, 7, true, 1), (96, 720, 7, true, 2), (48, 1, 3, false, 1), (512, 24, 1, true, 3)] {
             let mut c = ForecasterConfig::defaults(l, h, features.clone(), features[..targets].to_vec(), Some(cal.clone()));

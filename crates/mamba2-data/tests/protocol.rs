@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use mamba2_train::data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
+use mamba2_data::{repeat_baseline, ColumnChoice, Scaler, Split, Table, Windows};
 
 fn etth1() -> Table {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/ett/ETTh1.csv");

@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 use burn::tensor::Element;
 use rayon::prelude::*;
 
-use crate::calendar::Calendar;
+use mamba2_data::calendar::Calendar;
 
 /// Added to the rolling variance before the square root, as RevIN does.
 pub const STD_EPS: f64 = 1e-5;

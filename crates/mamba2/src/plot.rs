@@ -6,7 +6,7 @@ use std::sync::Once;
 
 use plotters::prelude::*;
 
-use crate::TrainError;
+use crate::PlotError;
 
 /// One line of a chart.
 #[derive(Debug, Clone)]
@@ -108,8 +108,8 @@ fn legend_corner(points: &[(f64, f64)], (x0, x1): (f64, f64), (y0, y1): (f64, f6
 
 /// Draws `chart` on a white `width x height` canvas and writes it to `path` as a PNG,
 /// atomically.
-pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), TrainError> {
-    let fail = |why: String| TrainError::Plot { path: path.display().to_string(), why };
+pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), PlotError> {
+    let fail = |why: String| PlotError::Chart { path: path.display().to_string(), why };
     let (min, max) = (200, 8192);
     if !(min..=max).contains(&width) || !(min..=max).contains(&height) {
         return Err(fail(format!("size {width} x {height} is outside {min}..={max} pixels per side")));
@@ -193,13 +193,13 @@ pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), T
         let mut w = enc.write_header().map_err(|e| fail(format!("png: {e}")))?;
         w.write_image_data(&px).map_err(|e| fail(format!("png: {e}")))?;
     }
-    mamba2_model::write_atomically(path, &bytes).map_err(TrainError::from)
+    mamba2_model::write_atomically(path, &bytes).map_err(PlotError::from)
 }
 
 /// A decoded PNG's size and RGB pixels, for tests and checks of the charts.
-pub fn read_png(path: &Path) -> Result<(u32, u32, Vec<u8>), TrainError> {
-    let fail = |why: String| TrainError::Plot { path: path.display().to_string(), why };
-    let file = std::fs::File::open(path).map_err(|cause| TrainError::Io { path: path.display().to_string(), cause })?;
+pub fn read_png(path: &Path) -> Result<(u32, u32, Vec<u8>), PlotError> {
+    let fail = |why: String| PlotError::Chart { path: path.display().to_string(), why };
+    let file = std::fs::File::open(path).map_err(|cause| PlotError::Io { path: path.display().to_string(), cause })?;
     let mut reader = png::Decoder::new(std::io::BufReader::new(file)).read_info().map_err(|e| fail(format!("png: {e}")))?;
     let mut buf = vec![0; reader.output_buffer_size().ok_or_else(|| fail("png: no size".into()))?];
     let info = reader.next_frame(&mut buf).map_err(|e| fail(format!("png: {e}")))?;
@@ -299,7 +299,7 @@ mod tests {
         };
         for (w, h) in [(10, 80), (120, 5), (0, 0)] {
             match draw(&path, &one, w, h) {
-                Err(e @ TrainError::Plot { .. }) => assert!(e.to_string().contains(&format!("{w} x {h}")), "{e}"),
+                Err(e @ PlotError::Chart { .. }) => assert!(e.to_string().contains(&format!("{w} x {h}")), "{e}"),
                 other => panic!("{w} x {h}: {other:?}"),
             }
         }
@@ -307,7 +307,7 @@ mod tests {
             lines: vec![Line { label: "", points: vec![(0.0, f64::NAN)], rgb: [0; 3], markers: true, dashed: false }],
             ..Chart::default()
         };
-        assert!(matches!(draw(&path, &empty, 300, 300), Err(TrainError::Plot { .. })));
+        assert!(matches!(draw(&path, &empty, 300, 300), Err(PlotError::Chart { .. })));
         assert!(!path.exists());
     }
 }

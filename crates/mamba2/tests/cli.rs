@@ -28,7 +28,7 @@ pub(crate) fn synthetic_csv(rows: usize) -> String {
         let tf = t as f64;
         s += &format!(
             "{},{},{},{}\n",
-            crate::forecast::stamp(1_577_836_800 + 3600 * t as i64),
+            crate::common::stamp(1_577_836_800 + 3600 * t as i64),
             (tf * 0.3).sin() + noise,
             (tf * 0.11).cos() * 2.0 + noise,
             0.5 * (tf * 0.3 - 1.0).sin() + 0.01 * tf
@@ -552,7 +552,7 @@ fn pixels_of(rgb: &[u8], c: [u8; 3]) -> usize {
 /// epoch (the loss as markers).
 #[test]
 fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
-    use mamba2_train::plot::{has_axes_and, read_png};
+    use mamba2::plot::{has_axes_and, read_png};
     let dir = scratch("png");
     let csv = dir.join("data.csv");
     std::fs::write(&csv, synthetic_csv(1200)).unwrap();
@@ -640,7 +640,7 @@ pub(crate) fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
 
 /// Seconds since 1970 of a `YYYY-MM-DD HH:MM:SS` stamp, as the reader parses it.
 fn csv_seconds(s: &str) -> i64 {
-    mamba2_train::calendar::parse_time(s).unwrap()
+    mamba2_data::calendar::parse_time(s).unwrap()
 }
 
 /// A Parquet file with the CSV's rows (the dates as timestamps of any unit, or as strings)
@@ -648,7 +648,7 @@ fn csv_seconds(s: &str) -> i64 {
 /// (every epoch's losses, and the forecasts, equal to the last digit).
 #[test]
 fn a_parquet_file_with_the_rows_of_a_csv_trains_the_same_model() {
-    use mamba2_train::data::{ColumnChoice, Table};
+    use mamba2_data::{ColumnChoice, Table};
     let dir = scratch("parquet");
     let text = synthetic_csv(400);
     let csv = dir.join("data.csv");

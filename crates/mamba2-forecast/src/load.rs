@@ -7,8 +7,9 @@ use std::path::Path;
 use burn::prelude::Backend;
 use mamba2_model::{load_checkpoint, read_checkpoint_header, Loaded};
 
-use crate::data::Scaler;
-use crate::{Forecaster, ForecasterConfig, TrainError};
+use mamba2_data::{DataError, Scaler};
+
+use crate::{ForecastError, Forecaster, ForecasterConfig};
 
 /// A checkpoint written by `mamba2 train`: the model and the scaler it was trained with.
 #[derive(Debug)]
@@ -25,11 +26,12 @@ pub struct Opened<B: Backend> {
 /// weights than the file can hold, or a scaler that does not fit the model's features (wrong
 /// length, a non-finite mean, a standard deviation that is not positive and finite), is an
 /// error naming the file.
-pub fn open_forecaster<B: Backend>(path: &Path, device: &B::Device) -> Result<Opened<B>, TrainError> {
-    let fail = |why: String| TrainError::Data { origin: path.display().to_string(), why };
+pub fn open_forecaster<B: Backend>(path: &Path, device: &B::Device) -> Result<Opened<B>, ForecastError> {
+    let fail = |why: String| ForecastError::Data(DataError::Data { origin: path.display().to_string(), why });
     let (config, _) = read_checkpoint_header::<ForecasterConfig>(path)?;
     let need = config.min_weights().map_err(|e| fail(format!("its {e}")))?;
-    let len = std::fs::metadata(path).map_err(|cause| TrainError::Io { path: path.display().to_string(), cause })?.len();
+    let len =
+        std::fs::metadata(path).map_err(|cause| ForecastError::from(DataError::Io { path: path.display().to_string(), cause }))?.len();
     if (need as u64).saturating_mul(8) > len {
         return Err(fail(format!(
             "its config needs at least {need} weights, but the file ({len} bytes) can hold at most {} of them",

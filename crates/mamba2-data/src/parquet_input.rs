@@ -14,22 +14,22 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::data::{Cell, ColumnChoice, RowNames, Table};
-use crate::TrainError;
+use crate::table::{Cell, ColumnChoice, RowNames, Table};
+use crate::DataError;
 
 /// Values decoded per call; a column chunk is read in such batches.
 const BATCH: usize = 8192;
 
 /// The table in the Parquet file `bytes` (`origin` names it in errors).
-pub(crate) fn read(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, TrainError> {
+pub(crate) fn read(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, DataError> {
     // The reader asserts on some damaged metadata (e.g. a negative column offset) rather than
     // returning an error.
-    mamba2_model::catch_panic(|| read_unguarded(bytes, origin, choice))
-        .map_err(|why| TrainError::Data { origin: origin.to_string(), why: format!("not a readable Parquet file: {why}") })?
+    mamba2_cpu::catch_panic(|| read_unguarded(bytes, origin, choice))
+        .map_err(|why| DataError::Data { origin: origin.to_string(), why: format!("not a readable Parquet file: {why}") })?
 }
 
-fn read_unguarded(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, TrainError> {
-    let err = |why: String| TrainError::Data { origin: origin.to_string(), why };
+fn read_unguarded(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, DataError> {
+    let err = |why: String| DataError::Data { origin: origin.to_string(), why };
     let reader = SerializedFileReader::new(Bytes::from(bytes)).map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let mut header = Vec::new();

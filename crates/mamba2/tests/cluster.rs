@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use burn::backend::NdArray;
 use burn::module::Module;
-use mamba2_train::{Forecaster, ForecasterConfig, RunDir};
+use mamba2_forecast::{Forecaster, ForecasterConfig};
+use mamba2_train::RunDir;
 
 use crate::cli::{bin, scratch, synthetic_csv, TINY};
-use crate::parallel::{worst, Values};
+use crate::common::{worst, Values};
 
 /// Three different ports nothing listens on now (the system's choice, held together so that
 /// they differ, then released).

@@ -14,20 +14,18 @@ use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mamba2::plot::{draw, Chart, Line};
+use mamba2_data::calendar::Calendar;
+use mamba2_data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
+use mamba2_forecast::features::Truth;
+use mamba2_forecast::{ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
-use mamba2_train::features::Truth;
-use mamba2_train::plot::{draw, Chart, Line};
-use mamba2_train::{
-    evaluate, evaluate_table, train_parallel, Cluster, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, Prepared, RunDir,
-    TrainConfig, Workers,
-};
+use mamba2_train::{evaluate, evaluate_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
 use report::Reporter;
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
-const ETTH1: &str = include_str!("../../../../../data/ett/ETTh1.csv");
+const ETTH1: &str = include_str!("../../../data/ett/ETTh1.csv");
 const ETTH1_NAME: &str = "ETTh1.csv (embedded)";
 
 #[derive(Parser)]
@@ -871,7 +869,7 @@ fn test_plots<B: burn::prelude::Backend>(
 /// A checkpoint opened for `eval`, `predict` and `stream`: the model, the scaler it was trained
 /// with, and what it reads and predicts.
 fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler, ForecastSpec)> {
-    let mamba2_train::Opened { model, scaler, .. } = mamba2_train::open_forecaster::<B>(path, device)?;
+    let mamba2_forecast::Opened { model, scaler, .. } = mamba2_forecast::open_forecaster::<B>(path, device)?;
     let spec = model.spec().clone();
     Ok((model, scaler, spec))
 }

@@ -17,8 +17,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use burn::backend::Flex;
-use mamba2_train::calendar::Calendar;
-use mamba2_train::data::{ColumnChoice, Scaler, Split, Table};
+use mamba2_data::calendar::Calendar;
+use mamba2_data::{ColumnChoice, Scaler, Split, Table};
 
 use crate::cli::{bin, run, scratch, synthetic_csv, train_tiny, write_parquet, ParquetDates};
 
@@ -296,7 +296,7 @@ fn fuzz_the_checkpoint_loader() {
             _ => reseal(&header, &mutate(&payload, rng)),
         };
         std::fs::write(&path, &bytes).unwrap();
-        match mamba2_train::open_forecaster::<Flex>(&path, &device) {
+        match mamba2_forecast::open_forecaster::<Flex>(&path, &device) {
             Ok(opened) if opened.model.spec().features.len() == 3 => opened.model.forecast_history(&history, &clock, &device).is_ok(),
             Ok(_) => true,
             Err(_) => false,

@@ -13,6 +13,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Element;
 use mamba2_model::{linear_rows, ConfigError, Mamba2Config, Mamba2TimeSeries, ModelError, Picks, TimeSeriesConfig};
+use mamba2_tensor::ordered_mean;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -471,9 +472,9 @@ impl<B: Backend> Forecaster<B> {
             let err = self.forward_relative(batch)? - truth.tensor::<B>(&batch.inputs.device());
             let (mse, mae) = kind.weights();
             return Ok(match (mse > 0.0, mae > 0.0) {
-                (true, true) => err.clone().powi_scalar(2).mean().mul_scalar(mse) + err.abs().mean().mul_scalar(mae),
-                (true, false) => err.powi_scalar(2).mean().mul_scalar(mse),
-                _ => err.abs().mean().mul_scalar(mae),
+                (true, true) => ordered_mean(err.clone().powi_scalar(2)).mul_scalar(mse) + ordered_mean(err.abs()).mul_scalar(mae),
+                (true, false) => ordered_mean(err.powi_scalar(2)).mul_scalar(mse),
+                _ => ordered_mean(err.abs()).mul_scalar(mae),
             });
         }
         let [n, len, n_feat] = batch.inputs.dims();

@@ -97,7 +97,7 @@ struct SquaredNorm<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            let s: f64 = g.powi_scalar(2).sum().into_data().convert::<f64>().to_vec::<f64>().expect("f64")[0];
+            let s: f64 = mamba2_tensor::ordered_sum(g.powi_scalar(2)).into_data().convert::<f64>().to_vec::<f64>().expect("f64")[0];
             if !s.is_finite() && self.nonfinite.is_none() {
                 self.nonfinite = Some(param.id);
             }

@@ -43,6 +43,7 @@ mod host;
 mod linear;
 mod norm;
 mod pad;
+mod reduce;
 mod repeat;
 pub mod rng;
 mod segsum;
@@ -54,6 +55,7 @@ pub use host::from_f64_vec;
 pub use linear::linear_rows;
 pub use norm::{rms_norm_gated, GateOrder};
 pub use pad::pad_to_multiple;
+pub use reduce::{ordered_mean, ordered_sum, ORDERED_ABOVE};
 pub use repeat::repeat_interleave;
 pub use segsum::segsum;
 

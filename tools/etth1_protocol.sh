@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/protocol}
 seeds=${SEEDS:-0,1,2}
 if [ -z "${BIN:-}" ]; then
-  cargo build --release -p mamba2-train --bin mamba2 >&2
+  cargo build --release -p mamba2 --bin mamba2 >&2
 fi
 bin=${BIN:-target/release/mamba2}
 mkdir -p "$out"

@@ -6,8 +6,8 @@ use rayon::prelude::*;
 
 use crate::buffers::{build_rows, sum_partials, zeros, Pieces, ROWS_PER_TASK};
 use crate::conv::{conv_backward_rows, transpose_conv};
+use crate::core_data::{Inputs, Params, Saved};
 use crate::float::{multiversion, HostFloat};
-use crate::forward::{Inputs, Params, Saved};
 use crate::layout::Dims;
 use crate::norm::norm_backward_rows;
 use crate::scan::{scan_block_backward, BlockGrads};

@@ -1,8 +1,8 @@
 //! The causal depthwise convolution over `xBC` with its SiLU, and `dt = clamp(softplus(dt_raw +
 //! dt_bias))`, forward and backward, a block of rows per task.
 
+use crate::core_data::{Inputs, Params};
 use crate::float::{c, multiversion, sigmoid_into, HostFloat};
-use crate::forward::{Inputs, Params};
 use crate::layout::Dims;
 
 /// `softplus` with the generic path's threshold: the identity above 20.

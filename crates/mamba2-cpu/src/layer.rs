@@ -11,8 +11,9 @@
 
 use crate::backward::backward as core_backward;
 use crate::buffers::{build, BUILD_CHUNK};
+use crate::core_data::{Inputs, Params, Saved};
 use crate::float::{dot, HostFloat};
-use crate::forward::{forward as core_forward, Inputs, Params, Saved};
+use crate::forward::forward as core_forward;
 use crate::layout::{Dims, Picks};
 use crate::matmul::{affine, column_sums, product, Mat};
 use crate::norm::{rms_norm, rms_norm_backward, rms_unit};

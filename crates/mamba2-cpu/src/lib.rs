@@ -57,6 +57,7 @@ mod avx512;
 mod backward;
 mod buffers;
 mod conv;
+mod core_data;
 mod float;
 mod forward;
 mod guard;

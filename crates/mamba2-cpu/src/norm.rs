@@ -4,8 +4,8 @@
 //! is one parallel pass over the rows each way.
 
 use crate::buffers::{build_rows, sum_partials, ROWS_PER_TASK};
+use crate::core_data::{Inputs, Params, Saved};
 use crate::float::{c, dot, dot3, multiversion, sigmoid_into, HostFloat};
-use crate::forward::{Inputs, Params, Saved};
 use crate::layout::Dims;
 
 multiversion! {

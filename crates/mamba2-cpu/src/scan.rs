@@ -3,8 +3,8 @@
 //! `(batch, head)` pair, and the backward scan of a block of heads in two sweeps.
 
 use crate::buffers::{Lines, Pieces};
+use crate::core_data::{Inputs, Params, Saved};
 use crate::float::{dot, multiversion, update_dot, HostFloat};
-use crate::forward::{Inputs, Params, Saved};
 use crate::layout::Dims;
 
 multiversion! {

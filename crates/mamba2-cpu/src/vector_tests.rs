@@ -135,3 +135,43 @@ fn vector_product_equals_the_plain_one() {
     products_agree::<f32>(1e-6);
     products_agree::<f64>(1e-15);
 }
+
+/// The AVX2 sigmoid (`avx2.rs`) against the plain one.
+#[cfg(target_arch = "x86_64")]
+mod avx2_sigmoid {
+    use crate::avx2::*;
+    use crate::float::{sigmoid, HostFloat};
+
+    /// Every lane against `1 / (1 + exp(-x))` in f64, over the whole range and past both ends
+    /// (relative error from the square root of `T`'s smallest normal number up, absolute below,
+    /// where the plain sigmoid in `T` gives 0 too), and the plain `T` sigmoid agrees as closely.
+    fn worst<T: HostFloat>(tolerance: f64) {
+        let mut x: Vec<f64> = (-4000..4000).map(|i| i as f64 * 0.0371).collect();
+        x.extend([-800.0, -750.0, -709.0, -120.0, -103.9, -88.0, -87.5, 0.0, 87.5, 88.0, 103.9, 120.0, 709.0, 750.0, 800.0, 1e30, -1e30]);
+        while !x.len().is_multiple_of(8) {
+            x.push(0.5);
+        }
+        let xt: Vec<T> = x.iter().map(|&v| T::from(v).unwrap()).collect();
+        let mut out = vec![T::zero(); xt.len()];
+        // SAFETY: only called after the CPU check below.
+        let done = unsafe { sigmoid_slice(&xt, &mut out) };
+        assert_eq!(done, xt.len());
+        let floor = T::min_positive_value().sqrt().to_f64().unwrap();
+        for (i, (&xv, &got)) in xt.iter().zip(&out).enumerate() {
+            let want = 1.0 / (1.0 + (-xv.to_f64().unwrap()).exp());
+            let err = |v: T| (v.to_f64().unwrap() - want).abs() / want.max(floor);
+            assert!(err(got) <= tolerance, "x[{i}] = {}: sigmoid {:?}, want {want}", x[i], got.to_f64());
+            assert!(err(sigmoid(xv)) <= tolerance, "x[{i}] = {}: the plain sigmoid is off too", x[i]);
+        }
+    }
+
+    #[test]
+    fn avx2_sigmoid_is_accurate_over_the_whole_range() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            eprintln!("no AVX2 and FMA on this CPU: the AVX2 sigmoid is not used here");
+            return;
+        }
+        worst::<f32>(5e-7);
+        worst::<f64>(1e-14);
+    }
+}

@@ -32,6 +32,7 @@
 
 mod baseline;
 pub mod calendar;
+mod cell;
 #[cfg(feature = "parquet")]
 mod parquet_input;
 mod split;

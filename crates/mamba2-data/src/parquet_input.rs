@@ -14,21 +14,22 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::table::{Cell, ColumnChoice, RowNames, Table};
+use crate::cell::Cell;
 use crate::DataError;
 
 /// Values decoded per call; a column chunk is read in such batches.
 const BATCH: usize = 8192;
 
-/// The table in the Parquet file `bytes` (`origin` names it in errors).
-pub(crate) fn read(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, DataError> {
+/// The column names and the cells, column by column, of the Parquet file `bytes` (`origin` names
+/// it in errors); the table's own checks are the caller's.
+pub(crate) fn read(bytes: Vec<u8>, origin: &str) -> Result<(Vec<String>, Vec<Vec<Cell>>), DataError> {
     // The reader asserts on some damaged metadata (e.g. a negative column offset) rather than
     // returning an error.
-    mamba2_cpu::catch_panic(|| read_unguarded(bytes, origin, choice))
+    mamba2_cpu::catch_panic(|| read_unguarded(bytes, origin))
         .map_err(|why| DataError::Data { origin: origin.to_string(), why: format!("not a readable Parquet file: {why}") })?
 }
 
-fn read_unguarded(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result<Table, DataError> {
+fn read_unguarded(bytes: Vec<u8>, origin: &str) -> Result<(Vec<String>, Vec<Vec<Cell>>), DataError> {
     let err = |why: String| DataError::Data { origin: origin.to_string(), why };
     let reader = SerializedFileReader::new(Bytes::from(bytes)).map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
@@ -48,7 +49,7 @@ fn read_unguarded(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result
     if header.is_empty() {
         return Err(err("no columns".into()));
     }
-    // Column-major cells of every row group, then handed to the shared checks row by row.
+    // Column-major cells of every row group (the table's checks read them row by row).
     let mut columns: Vec<Vec<Cell>> = vec![Vec::new(); keep.len()];
     for g in 0..reader.num_row_groups() {
         let group = reader.get_row_group(g).map_err(|e| err(format!("row group {g}: {e}")))?;
@@ -64,10 +65,7 @@ fn read_unguarded(bytes: Vec<u8>, origin: &str, choice: &ColumnChoice) -> Result
             columns[k].extend(cells);
         }
     }
-    let n = columns[0].len();
-    let mut iters: Vec<_> = columns.into_iter().map(|c| c.into_iter()).collect();
-    let rows = (0..n).map(move |r| Ok((r + 1, iters.iter_mut().map(|c| c.next().unwrap_or(Cell::Null)).collect())));
-    Table::from_cells(header, rows, origin, choice, RowNames::Rows)
+    Ok((header, columns))
 }
 
 /// Every value of one column chunk, nulls as [`Cell::Null`].

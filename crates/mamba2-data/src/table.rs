@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::calendar::parse_time;
+use crate::cell::Cell;
 use crate::DataError;
 
 /// A numeric table read from a CSV file: named columns, rows in file order.
@@ -28,44 +29,6 @@ pub struct ColumnChoice {
     /// Columns to read; by default every numeric column (first data cell a number) but the
     /// date column.
     pub columns: Option<Vec<String>>,
-}
-
-/// One cell as a reader found it: text (CSV, Parquet strings), a typed number or time
-/// (Parquet), or nothing.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Cell {
-    Text(String),
-    Number(f64),
-    /// Seconds since 1970-01-01.
-    Time(i64),
-    Null,
-}
-
-impl Cell {
-    fn is_number(&self) -> bool {
-        match self {
-            Cell::Number(_) => true,
-            Cell::Text(t) => t.parse::<f64>().is_ok(),
-            Cell::Time(_) | Cell::Null => false,
-        }
-    }
-
-    fn time(&self) -> Option<i64> {
-        match self {
-            Cell::Time(t) => Some(*t),
-            Cell::Text(t) => parse_time(t),
-            Cell::Number(_) | Cell::Null => None,
-        }
-    }
-
-    fn shown(&self) -> String {
-        match self {
-            Cell::Text(t) => t.clone(),
-            Cell::Number(v) => v.to_string(),
-            Cell::Time(t) => format!("the time {t} s"),
-            Cell::Null => "null".into(),
-        }
-    }
 }
 
 /// `v` as a user would write it: plain for everyday sizes, in exponent form for tiny and huge
@@ -100,7 +63,13 @@ impl Table {
         let origin = path.display().to_string();
         if is_parquet(&bytes) {
             #[cfg(feature = "parquet")]
-            return crate::parquet_input::read(bytes, &origin, choice);
+            {
+                let (header, columns) = crate::parquet_input::read(bytes, &origin)?;
+                let n = columns.first().map_or(0, Vec::len);
+                let mut cells: Vec<_> = columns.into_iter().map(|c| c.into_iter()).collect();
+                let rows = (0..n).map(move |r| Ok((r + 1, cells.iter_mut().map(|c| c.next().unwrap_or(Cell::Null)).collect())));
+                return Self::from_cells(header, rows, &origin, choice, RowNames::Rows);
+            }
             #[cfg(not(feature = "parquet"))]
             return Err(DataError::Data {
                 origin,

@@ -78,6 +78,7 @@ mod forecaster;
 mod load;
 mod readout;
 mod stream;
+mod truth;
 
 pub use forecaster::{
     default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, RelativeTruth, DEFAULT_PATCH,

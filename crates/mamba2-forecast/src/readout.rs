@@ -10,7 +10,7 @@ use std::sync::Arc;
 use mamba2_cpu::readout::{self, CycleRef, LossWeights, ReadoutDims, ReadoutPlan, ReadoutSaved};
 use mamba2_model::{HostFloat, HostOp};
 
-use crate::forecaster::RelativeTruth;
+use crate::truth::RelativeTruth;
 
 /// The node's inputs by position: what [`Readout`] reads from each.
 pub(crate) const HIDDEN: usize = 0;

@@ -82,15 +82,51 @@ pub fn repeat_baseline(windows: &Windows, targets: &[usize], batch_size: usize) 
 
 /// [`repeat_baseline`]'s errors per target and step.
 pub fn repeat_table(windows: &Windows, targets: &[usize], batch_size: usize) -> ErrorTable {
+    naive_table(windows, targets, batch_size, |end, _| end)
+}
+
+/// The seasonal naive forecast's errors per target and step: step `k` is the value of the row
+/// a whole number of `period`s before `t + k`, the latest that the window shows (`t` its last
+/// row). Batches as in [`repeat_baseline`].
+pub fn seasonal_table(windows: &Windows, targets: &[usize], period: usize, batch_size: usize) -> ErrorTable {
+    let p = period.max(1);
+    naive_table(windows, targets, batch_size, |end, k| (end + k).saturating_sub(p * k.div_ceil(p)))
+}
+
+/// The errors of a forecast that copies a past row: `source(t, k)` is the row whose value
+/// forecasts step `k` (from 1) after the window's last row `t`.
+fn naive_table(windows: &Windows, targets: &[usize], batch_size: usize, source: impl Fn(usize, usize) -> usize) -> ErrorTable {
     let usable = windows.len() / batch_size * batch_size;
     let mut table = ErrorTable::new(targets.len(), windows.horizon);
     for i in 0..usable {
-        let s = windows.starts[i];
-        let last = &windows.rows[s + windows.lookback - 1];
+        let end = windows.starts[i] + windows.lookback - 1;
         for (t, &j) in targets.iter().enumerate() {
-            let truth: Vec<f64> = (0..windows.horizon).map(|k| windows.rows[s + windows.lookback + k][j]).collect();
-            table.add(t, &vec![last[j]; windows.horizon], &truth);
+            let pred: Vec<f64> = (1..=windows.horizon).map(|k| windows.rows[source(end, k)][j]).collect();
+            let truth: Vec<f64> = (1..=windows.horizon).map(|k| windows.rows[end + k][j]).collect();
+            table.add(t, &pred, &truth);
         }
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seasonal_naive_copies_the_last_period() {
+        // A pure cycle of period 3 plus a jump: the seasonal forecast is exact before the jump.
+        let rows: Vec<Vec<f64>> = (0..12).map(|i| vec![[1.0, 5.0, 2.0][i % 3] + if i >= 11 { 10.0 } else { 0.0 }]).collect();
+        let w = Windows::new(&rows, (0, 12), 4, 4, 1).unwrap();
+        let s = seasonal_table(&w, &[0], 3, 1);
+        // Windows start 0..=4; only the last (start 4, forecasting rows 8..=11) sees the jump,
+        // on its fourth step: one error of 10 among 5 * 4 values.
+        assert_eq!(s.total().n, 20);
+        assert!((s.total().se - 100.0).abs() < 1e-12 && (s.step(3).se - 100.0).abs() < 1e-12);
+        // Repeat misses the cycle on every step.
+        let r = repeat_table(&w, &[0], 1);
+        assert!(r.total().se > 100.0);
+        // Period 1 is Repeat.
+        assert_eq!(seasonal_table(&w, &[0], 1, 1), r);
+    }
 }

@@ -76,6 +76,11 @@ impl Calendar {
         (!periods.is_empty()).then_some(Self { interval, periods })
     }
 
+    /// Rows per day, where a day is a whole number of rows (more than one).
+    pub fn day(&self) -> Option<usize> {
+        (self.interval < DAY).then(|| self.periods[0])
+    }
+
     /// The row clock of a time stamp: whole intervals since the epoch.
     pub fn clock(&self, time: i64) -> i64 {
         time.div_euclid(self.interval)

@@ -3,8 +3,9 @@
 use crate::calendar::parse_time;
 
 /// One cell as a reader found it: text (CSV, Parquet strings), a typed number or time
-/// (Parquet), or nothing.
+/// (Parquet), or nothing. Only the Parquet reader makes the typed ones.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(not(feature = "parquet"), allow(dead_code))]
 pub(crate) enum Cell {
     Text(String),
     Number(f64),

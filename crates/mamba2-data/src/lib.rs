@@ -37,8 +37,9 @@ mod cell;
 mod parquet_input;
 mod split;
 mod table;
+pub mod trade;
 
-pub use baseline::{repeat_baseline, repeat_table, ErrorSums, ErrorTable};
+pub use baseline::{repeat_baseline, repeat_table, seasonal_table, ErrorSums, ErrorTable};
 pub use split::{Scaler, Split, Windows};
 pub use table::{is_parquet, ColumnChoice, Table};
 

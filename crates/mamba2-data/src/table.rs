@@ -44,6 +44,7 @@ pub(crate) fn short(v: f64) -> String {
 /// Where rows come from, for error messages: CSV rows are named by their line in the file,
 /// Parquet rows by their number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "parquet"), allow(dead_code))]
 pub(crate) enum RowNames {
     Lines,
     Rows,

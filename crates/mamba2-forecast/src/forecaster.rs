@@ -494,6 +494,23 @@ impl<B: Backend> Forecaster<B> {
         steps.reshape([t * per, h])
     }
 
+    /// The model whose forecast is `last + alpha * (this model's forecast - last)`: a blend of
+    /// this model (`alpha` 1) and Repeat (`alpha` 0). Every part of the forecast relative to the
+    /// last value is linear in the head, the direct map and the cycle, so scaling their weights
+    /// by `alpha` is the blend, and `predict`, `stream` and checkpoints need nothing new.
+    pub fn shrunk_toward_repeat(mut self, alpha: f64) -> Self {
+        let scale = |p: Param<Tensor<B, 2>>| p.map(|t| t.mul_scalar(alpha));
+        let scale1 = |p: Param<Tensor<B, 1>>| p.map(|t| t.mul_scalar(alpha));
+        self.mamba.output_proj.weight = scale(self.mamba.output_proj.weight);
+        self.mamba.output_proj.bias = self.mamba.output_proj.bias.map(scale1);
+        if let Some(d) = self.direct.as_mut() {
+            d.weight = scale(d.weight.clone());
+            d.bias = d.bias.clone().map(scale1);
+        }
+        self.cycle = self.cycle.map(scale1);
+        self
+    }
+
     /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the
     /// scaled units of the data: what [`ForecastStream`](crate::ForecastStream) gives after
     /// the same rows. `clock` holds each row's calendar clock (ignored without a calendar).
@@ -555,6 +572,39 @@ mod tests {
         let clock: Vec<i64> = (100..120).collect();
         let y = model.forecast_history(&rows, &clock, &Default::default()).unwrap();
         assert_eq!(y, vec![rows[19][1]; 2]);
+    }
+
+    /// A model shrunk toward Repeat by `alpha` forecasts `last + alpha * (forecast - last)`, with
+    /// every part of the correction (head, direct map, biases, cycle) non-zero; `alpha` 0 is
+    /// Repeat exactly.
+    #[test]
+    fn shrinking_blends_the_forecast_with_repeat() {
+        type B = NdArray<f64>;
+        let device = Default::default();
+        let config = ForecasterConfig { spec: spec(&["a", "b"]), backbone: Mamba2Config::new(16, 1).with_d_state(8).with_headdim(8) };
+        let mut model = config.init::<B>(&device).unwrap();
+        let noise =
+            |dims: [usize; 2]| Param::from_tensor(Tensor::<B, 2>::random(dims, burn::tensor::Distribution::Normal(0.0, 0.3), &device));
+        let noise1 = |n: usize| Param::from_tensor(Tensor::<B, 1>::random([n], burn::tensor::Distribution::Normal(0.0, 0.3), &device));
+        model.mamba.output_proj.weight = noise(model.mamba.output_proj.weight.dims());
+        model.mamba.output_proj.bias = Some(noise1(2));
+        let d = model.direct.as_mut().unwrap();
+        d.weight = noise(d.weight.dims());
+        d.bias = Some(noise1(2));
+        model.cycle = Some(noise1(2 * 24));
+        let rows: Vec<Vec<f64>> = (0..30).map(|t| vec![(t as f64 * 0.3).sin(), (t as f64 * 0.7).cos()]).collect();
+        let clock: Vec<i64> = (100..130).collect();
+        let full = model.forecast_history(&rows, &clock, &device).unwrap();
+        let last = [rows[29][0], rows[29][1]];
+        for alpha in [0.0, 0.35, 1.0] {
+            let y = model.clone().shrunk_toward_repeat(alpha).forecast_history(&rows, &clock, &device).unwrap();
+            for (i, (v, f)) in y.iter().zip(&full).enumerate() {
+                let want = last[i % 2] + alpha * (f - last[i % 2]);
+                assert!((v - want).abs() < 1e-12, "alpha {alpha}, value {i}: {v} vs {want}");
+            }
+            assert!(alpha > 0.0 || y == vec![last[0], last[1], last[0], last[1]], "alpha 0 is not Repeat exactly: {y:?}");
+        }
+        assert!(full.iter().zip(last.iter().cycle()).all(|(f, l)| (f - l).abs() > 1e-6), "the correction is zero somewhere: {full:?}");
     }
 
     /// `min_weights`, which bounds a checkpoint's config by its file's length, never exceeds

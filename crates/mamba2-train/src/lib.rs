@@ -43,6 +43,7 @@ mod ema;
 mod memory;
 mod parallel;
 mod trainer;
+mod validation;
 
 pub use ema::Ema;
 pub use memory::keep_freed_memory;
@@ -51,6 +52,7 @@ pub use trainer::{
     evaluate, evaluate_continuous, evaluate_table, train, train_parallel, train_step, train_workers, EpochRecord, Prepared, Progress,
     RunDir, TrainConfig, TrainSummary,
 };
+pub use validation::{each_forecast, score, trade_table, Blend, Scored, BLEND_GRID, DM_LEVEL_Z};
 
 /// Everything that can stop a run, with the offending value in the message.
 #[derive(Debug, thiserror::Error)]

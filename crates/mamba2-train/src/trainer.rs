@@ -14,12 +14,13 @@ use mamba2_optim::{loss_value, AdamW, AdamWConfig, LrSchedule, OptimError, StepR
 use mamba2_tensor::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-use mamba2_data::{ErrorSums, ErrorTable, Scaler, Windows};
+use mamba2_data::{repeat_table, seasonal_table, ErrorSums, ErrorTable, Scaler, Windows};
 use mamba2_forecast::features::Truth;
 use mamba2_forecast::{Batch, Forecaster, ForecasterConfig, Loss};
 
 use crate::ema::Ema;
 use crate::parallel::{Peer, Workers};
+use crate::validation::{each_forecast, score, Blend};
 use crate::TrainError;
 
 /// Optimisation settings.
@@ -59,10 +60,19 @@ pub struct TrainConfig {
     /// ([`Ema`](crate::Ema)); `None`: the weights as they are.
     #[serde(default)]
     pub ema: Option<f64>,
+    /// Keep of the best epoch's model only the blend with Repeat that beats Repeat on the
+    /// validation split beyond noise, Repeat itself if none does ([`Blend`]); `false`: keep the
+    /// model as trained.
+    #[serde(default = "yes")]
+    pub repeat_check: bool,
 }
 
 fn one() -> usize {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Whether early stopping ends a run after `done` epochs, the best of which (counted from 1; 0
@@ -88,6 +98,7 @@ impl Default for TrainConfig {
             loss_every: 2,
             loss: Loss::Mae,
             ema: Some(0.99),
+            repeat_check: true,
         }
     }
 }
@@ -148,6 +159,10 @@ pub struct EpochRecord {
     pub val_mse: f64,
     /// Validation MAE.
     pub val_mae: f64,
+    /// `1 - val_mse / MSE of Repeat on validation`: the share of Repeat's error the model
+    /// removes.
+    #[serde(default)]
+    pub val_skill: f64,
     /// Learning rate of the last step.
     pub lr: f64,
     /// Mean gradient norm before clipping.
@@ -166,6 +181,14 @@ pub enum Progress<'a> {
         epochs_done: usize,
         /// Optimizer steps completed before.
         step: usize,
+    },
+    /// The baselines' validation figures, `(MSE, MAE)`, once before the first epoch: Repeat,
+    /// and the seasonal naive forecast (with its period in rows) where the calendar has a day.
+    Baselines {
+        /// Repeat, the last value.
+        repeat: (f64, f64),
+        /// The value one day before, `(period, MSE, MAE)`.
+        seasonal: Option<(usize, f64, f64)>,
     },
     /// An epoch starts: `steps` optimizer steps over `windows` training windows.
     EpochStart {
@@ -208,6 +231,14 @@ pub struct TrainSummary {
     pub best_epoch: usize,
     /// Whether early stopping ended the run.
     pub stopped_early: bool,
+    /// Validation MSE and MAE of Repeat.
+    pub val_repeat: (f64, f64),
+    /// Validation `(period, MSE, MAE)` of the seasonal naive forecast, where the calendar has a
+    /// day.
+    pub val_seasonal: Option<(usize, f64, f64)>,
+    /// How much of the best epoch's correction of Repeat `best.ckpt` keeps (see [`Blend`]);
+    /// `None` on every process but 0 of a run over several.
+    pub blend: Option<Blend>,
 }
 
 /// Metadata stored in `last.ckpt` and `best.ckpt`.
@@ -224,6 +255,9 @@ struct RunMeta {
     ema_file: Option<String>,
     #[serde(default)]
     ema_updates: u64,
+    /// The blend of the best epoch, which `best.ckpt` holds.
+    #[serde(default)]
+    blend: Option<Blend>,
 }
 
 /// Files of a run directory.
@@ -291,18 +325,8 @@ pub fn evaluate_table<B: Backend>(
     device: &B::Device,
 ) -> Result<ErrorTable, TrainError> {
     let n = if drop_last { w.len() / batch_size * batch_size } else { w.len() };
-    let t_n = model.target_indices().len();
-    let mut table = ErrorTable::new(t_n, w.horizon);
-    let starts: Vec<usize> = w.starts[..n].to_vec();
-    for chunk in starts.chunks(batch_size) {
-        let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1, Truth::Values);
-        let truth = hb.truth.clone();
-        let pred = mamba2_tensor::compare::to_f64_vec(model.forward(&hb.into_device(w.horizon, device))?);
-        // Sequence `window * T + target`, each H values.
-        for (seq, (p, t)) in pred.chunks(w.horizon).zip(truth.chunks(w.horizon)).enumerate() {
-            table.add(seq % t_n, p, t);
-        }
-    }
+    let mut table = ErrorTable::new(model.target_indices().len(), w.horizon);
+    each_forecast(model, w, clock, n, batch_size, device, |_, t, _, p, y| table.add(t, p, y))?;
     Ok(table)
 }
 
@@ -400,22 +424,21 @@ fn stop_together<T>(peer: &Peer, outcome: Result<T, TrainError>, failures: f64) 
     }
 }
 
-/// Worker 0's files after an epoch: the best weights when they improved, the optimizer, the
+/// Worker 0's files after an epoch: the kept model (`best`) when the epoch is the best so far, the optimizer, the
 /// weight average, `last.ckpt` (the commit point) and the metrics.
 #[allow(clippy::too_many_arguments)]
 fn save_epoch<B: AutodiffBackend>(
     config: &ForecasterConfig,
     dir: &RunDir,
     epoch: usize,
-    best: bool,
-    valid: &Forecaster<B::InnerBackend>,
+    best: Option<Forecaster<B::InnerBackend>>,
     model: &Forecaster<B>,
     optim: &AdamW<B>,
     ema: &Option<Ema<B::InnerBackend>>,
     meta: &mut RunMeta,
 ) -> Result<(), TrainError> {
-    if best {
-        save_checkpoint(valid, config, &serde_json::to_value(&*meta).expect("serialisable"), &dir.best())?;
+    if let Some(kept) = best {
+        save_checkpoint(&kept, config, &serde_json::to_value(&*meta).expect("serialisable"), &dir.best())?;
     }
     // The optimizer file is named by epoch and written first; last.ckpt, which names it, is the
     // commit point, so a kill at any moment leaves a consistent pair behind.
@@ -651,6 +674,7 @@ fn train_as<B: AutodiffBackend>(
             optim_file: None,
             ema_file: None,
             ema_updates: 0,
+            blend: None,
         };
         let ema = tc.ema.map(|decay| Ema::new(model.valid(), decay));
         (model, optim, meta, ema)
@@ -712,6 +736,12 @@ fn epochs<B: AutodiffBackend>(
         let picked: Vec<usize> = (offset..train_w.len()).step_by(tc.stride).collect();
         permutation(picked.len(), tc.seed, epoch).into_iter().map(|i| picked[i]).collect()
     };
+    let val_repeat = repeat_table(val_w, &data.targets, 1).total().mse_mae();
+    let val_seasonal = config.spec.calendar.as_ref().and_then(|c| c.day()).map(|p| {
+        let (m, a) = seasonal_table(val_w, &data.targets, p, 1).total().mse_mae();
+        (p, m, a)
+    });
+    report(Progress::Baselines { repeat: val_repeat, seasonal: val_seasonal });
     let mut stopped_early = false;
     for epoch in meta.history.len() + 1..=tc.epochs {
         if stops_early(meta.history.len(), meta.best_epoch, tc.patience) {
@@ -746,14 +776,14 @@ fn epochs<B: AutodiffBackend>(
         // evaluates and hands the figures on, so that every worker's run state (history, best
         // epoch, hence early stopping) stays the same.
         let valid = ema.as_ref().map_or_else(|| model.valid(), |e| e.model.clone());
-        let validated = if peer.leads() { evaluate(&valid, val_w, &data.clock, tc.batch_size, false, device).map(Some) } else { Ok(None) };
-        let (val_mse, val_mae) = validated.as_ref().ok().copied().flatten().unwrap_or((0.0, 0.0));
+        let validated = if peer.leads() { score(&valid, val_w, &data.clock, tc.batch_size, device).map(Some) } else { Ok(None) };
+        let (val_mse, val_mae) = validated.as_ref().ok().and_then(|v| v.as_ref()).map_or((0.0, 0.0), |v| v.model.total().mse_mae());
         let shared = peer.sum_values::<B::InnerBackend>(
             "sharing the validation figures",
             &[val_mse, val_mae, f64::from(u8::from(validated.is_err()))],
             device,
         )?;
-        stop_together(&peer, validated, shared[2])?;
+        let scored = stop_together(&peer, validated, shared[2])?;
         let (val_mse, val_mae) = (shared[0], shared[1]);
         let record = EpochRecord {
             epoch,
@@ -761,6 +791,7 @@ fn epochs<B: AutodiffBackend>(
             train_loss: loss_sum / order.len() as f64,
             val_mse,
             val_mae,
+            val_skill: mamba2_data::trade::skill(val_mse, val_repeat.0),
             lr,
             grad_norm: norm_sum / steps.max(1) as f64,
             seconds: start.elapsed().as_secs_f64(),
@@ -768,11 +799,21 @@ fn epochs<B: AutodiffBackend>(
         let best = val_mse < meta.best_val;
         report(Progress::EpochEnd { record: &record, best });
         meta.history.push(record);
+        // The best epoch's model is kept as the blend with Repeat that validation supports.
+        let kept = match (best, scored) {
+            (true, Some(scored)) => {
+                let blend = scored.choose_blend(tc.repeat_check);
+                let kept = valid.clone().shrunk_toward_repeat(blend.alpha);
+                meta.blend = Some(blend);
+                Some(kept)
+            }
+            _ => None,
+        };
         if best {
             meta.best_val = val_mse;
             meta.best_epoch = epoch;
         }
-        let written = if peer.leads() { save_epoch(config, dir, epoch, best, &valid, &model, &optim, &ema, &mut meta) } else { Ok(()) };
+        let written = if peer.leads() { save_epoch(config, dir, epoch, kept, &model, &optim, &ema, &mut meta) } else { Ok(()) };
         let failed = peer.sum_values::<B::InnerBackend>(
             "sharing whether the checkpoint was written",
             &[f64::from(u8::from(written.is_err()))],
@@ -780,7 +821,7 @@ fn epochs<B: AutodiffBackend>(
         )?;
         stop_together(&peer, written, failed[0])?;
     }
-    Ok(TrainSummary { history: meta.history, best_epoch: meta.best_epoch, stopped_early })
+    Ok(TrainSummary { history: meta.history, best_epoch: meta.best_epoch, stopped_early, val_repeat, val_seasonal, blend: meta.blend })
 }
 
 #[cfg(test)]

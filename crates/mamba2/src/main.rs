@@ -7,6 +7,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
+mod figures;
 mod generate;
 mod report;
 
@@ -16,12 +17,12 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mamba2::plot::{draw, Chart, Line};
 use mamba2_data::calendar::Calendar;
-use mamba2_data::{repeat_baseline, repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
+use mamba2_data::{repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_forecast::features::Truth;
 use mamba2_forecast::{ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
-use mamba2_train::{evaluate, evaluate_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
+use mamba2_train::{evaluate_table, trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
 use report::Reporter;
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
@@ -224,6 +225,14 @@ struct TrainArgs {
     /// Of those rows, the last and every N-th before it are trained on.
     #[arg(long, default_value_t = TrainConfig::default().loss_every)]
     loss_every: usize,
+    /// Keep the best epoch's model as trained, even where it does not beat Repeat on the
+    /// validation split (by default the run keeps the blend of the two that validation supports,
+    /// Repeat itself when the model has no significant skill).
+    #[arg(long)]
+    no_repeat_check: bool,
+    /// Cost of taking a position in the trading figures, in basis points of the last value.
+    #[arg(long, default_value_t = 0.0)]
+    cost_bps: f64,
     // The help is an attribute, not a doc comment: rustdoc would read `<data file name>` as HTML.
     #[arg(long, help = "Output directory (checkpoints, metrics.jsonl, plots) [default: runs/<data file name>]")]
     out: Option<PathBuf>,
@@ -242,6 +251,9 @@ struct UseArgs {
     /// A checkpoint written by `mamba2 train` (best.ckpt or last.ckpt).
     #[arg(long)]
     checkpoint: PathBuf,
+    /// eval: cost of taking a position in the trading figures, in basis points of the last value.
+    #[arg(long, default_value_t = 0.0)]
+    cost_bps: f64,
     /// eval: also score the forecasts that `stream` makes reading the file from its first row,
     /// for the windows that end at or after this row.
     #[arg(long)]
@@ -361,6 +373,9 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 }
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
+    if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
+        bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
+    }
     let (table, is_etth1) = load_table(&a.data, None)?;
     let features = table.columns.clone();
     let targets = a.targets.clone().unwrap_or_else(|| features.clone());
@@ -404,6 +419,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         patience: a.patience,
         seed: a.seed,
         stride: a.stride,
+        repeat_check: !a.no_repeat_check,
         loss_from: a.loss_from,
         loss_every: a.loss_every,
         ema: match a.ema {
@@ -530,11 +546,21 @@ fn train_one(
             best.val_mse,
             best.val_mae,
         );
+        if let Some(b) = &summary.blend {
+            println!("{}", b.describe());
+        }
         let mut summary_json = info.json();
         summary_json["best_epoch"] = summary.best_epoch.into();
         summary_json["epochs_run"] = summary.history.len().into();
         summary_json["val_mse"] = best.val_mse.into();
         summary_json["val_mae"] = best.val_mae.into();
+        summary_json["val_skill"] = best.val_skill.into();
+        summary_json["val_repeat_mse"] = summary.val_repeat.0.into();
+        summary_json["val_repeat_mae"] = summary.val_repeat.1.into();
+        if let Some((p, m, e)) = summary.val_seasonal {
+            summary_json["val_seasonal"] = serde_json::json!({"period": p, "mse": m, "mae": e});
+        }
+        summary_json["blend"] = serde_json::to_value(&summary.blend)?;
         loss_plot(out, &summary.history, summary.best_epoch)?;
         if a.no_test {
             let secs = started.elapsed().as_secs_f64();
@@ -546,6 +572,8 @@ fn train_one(
         }
         let errors = evaluate_table(&loaded.module, &test, &data.clock, 32, true, &device)?;
         let repeat = repeat_table(&test, &data.targets, 32);
+        let units = data.targets.iter().map(|&j| (data.scaler.mean[j], data.scaler.std[j])).collect();
+        let trades = trade_table(&loaded.module, &test, &data.clock, test.len() / 32 * 32, 32, units, a.cost_bps, &device)?;
         let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         let secs = started.elapsed().as_secs_f64();
         println!("wall time {secs:.0} s");
@@ -557,6 +585,8 @@ fn train_one(
         );
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "mamba2", mse, mae);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
+        println!("test against Repeat, per forecast step:");
+        figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
         // The same errors in each column's own units: the scaler divided column j by std_j.
         println!("test per column, in the data's units:");
         let mut units = Vec::new();
@@ -579,6 +609,10 @@ fn train_one(
             summary_json[k] = v.into();
         }
         summary_json["test_windows"] = (test.len() / 32 * 32).into();
+        let (overall, per_step) = figures::json(&errors, &repeat, &trades);
+        summary_json["test"] = overall;
+        summary_json["test_per_step"] = per_step;
+        summary_json["cost_bps"] = a.cost_bps.into();
         summary_json["test_per_column"] = units.into();
         mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
         test_plots(out, &loaded.module, &test, data, (&errors, &repeat), &device)?;
@@ -901,9 +935,16 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
-        let (mse, mae) = evaluate(&model, &w, &clock, 32, false, &device)?;
-        let (rmse, rmae) = repeat_baseline(&w, targets, 1);
+        if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
+            bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
+        }
+        let errors = evaluate_table(&model, &w, &clock, 32, false, &device)?;
+        let repeat = repeat_table(&w, targets, 1);
+        let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         println!("{} windows (normalised units): mamba2 MSE {mse:.6} MAE {mae:.6}; Repeat MSE {rmse:.6} MAE {rmae:.6}", w.len());
+        let units = targets.iter().map(|&j| (scaler.mean[j], scaler.std[j])).collect();
+        let trades = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, &device)?;
+        figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
         if let Some(from) = a.continuous_from {
             let (cm, ca) =
                 mamba2_train::evaluate_continuous(&model, &rows, &clock, (from.saturating_sub(spec.lookback), rows.len()), &device)?;

@@ -37,6 +37,13 @@ impl Reporter {
                     epochs_done + 1
                 )
             }
+            Progress::Baselines { repeat, seasonal } => {
+                if !self.json {
+                    let seasonal =
+                        seasonal.map_or(String::new(), |(p, m, a)| format!("; seasonal naive ({p} rows back) MSE {m:.4} MAE {a:.4}"));
+                    println!("validation baselines: Repeat (the last value) MSE {:.4} MAE {:.4}{seasonal}", repeat.0, repeat.1);
+                }
+            }
             Progress::EpochStart { epoch, steps, windows } => {
                 self.windows = windows;
                 self.loss_sum = 0.0;
@@ -82,12 +89,13 @@ impl Reporter {
                 }
                 let rows_per_s = (self.windows * self.rows_per_window) as f64 / record.seconds.max(1e-9);
                 println!(
-                    "epoch {:>2}/{}  train loss {:.4}  val MSE {:.4}  MAE {:.4}  lr {:.1e}  {:.1} s, {:.0}k rows/s{}",
+                    "epoch {:>2}/{}  train loss {:.4}  val MSE {:.4}  MAE {:.4}  skill {:+.1} %  lr {:.1e}  {:.1} s, {:.0}k rows/s{}",
                     record.epoch,
                     self.epochs,
                     record.train_loss,
                     record.val_mse,
                     record.val_mae,
+                    100.0 * record.val_skill,
                     record.lr,
                     record.seconds,
                     rows_per_s / 1e3,

@@ -330,6 +330,12 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ),
         ("existing run without --resume", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out"], "already holds a run"),
         ("non-numeric flag", vec!["train", "--data", g, "--batch-size", "many"], "invalid value 'many'"),
+        ("negative cost", vec!["train", "--data", g, "--cost-bps=-3"], "--cost-bps -3 is not a cost"),
+        (
+            "NaN cost in eval",
+            vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", g, "--dtype", "f64", "--cost-bps", "NaN"],
+            "--cost-bps NaN is not a cost",
+        ),
         (
             "cuda in a CPU build",
             vec!["train", "--data", g, "--device", "cuda", "--lookback", "12", "--horizon", "3", "--out", &out("cuda")],
@@ -875,4 +881,79 @@ fn generate_prints_hf_greedy_tokens() {
             && stderr.ends_with("config.json: not a directory (an HF checkpoint's directory is wanted)\n"),
         "{stderr}"
     );
+}
+
+/// `rows` rows of a Gaussian random walk (a price with no predictable move) with a daily date
+/// column.
+fn random_walk_csv(rows: usize, seed: u64) -> (String, Vec<f64>) {
+    let mut rng = mamba2_tensor::rng::SplitMix64::new(seed);
+    let mut x = 100.0;
+    let mut values = Vec::with_capacity(rows);
+    let mut s = String::from("date,price\n");
+    for t in 0..rows {
+        x += rng.normal();
+        values.push(x);
+        s += &format!("{},{x}\n", crate::common::stamp(1_577_836_800 + 86_400 * t as i64));
+    }
+    (s, values)
+}
+
+/// Repeat's MSE over the windows of `range` (L `l`, H `h`), in units scaled by `std`, computed
+/// here from the raw values.
+fn repeat_mse(values: &[f64], range: (usize, usize), l: usize, h: usize, std: f64) -> f64 {
+    let (mut se, mut n) = (0.0, 0usize);
+    for s in range.0..=range.1 - l - h {
+        let last = values[s + l - 1];
+        for k in 1..=h {
+            se += ((values[s + l - 1 + k] - last) / std).powi(2);
+            n += 1;
+        }
+    }
+    se / n as f64
+}
+
+/// A run reports Repeat's validation figures beside the model's (each epoch's skill, the
+/// baselines line, `summary.json`), equal to a computation from the raw values. On a random walk
+/// the model has no skill: the run says so in one line and keeps Repeat, so that its test
+/// figures are Repeat's; on smooth cycles it keeps (most of) the model and beats Repeat.
+#[test]
+fn a_run_without_skill_says_so_and_keeps_repeat() {
+    let dir = scratch("skill");
+    let settings: Vec<&str> = ["--epochs", "3", "--batch-size", "16", "--seed", "1"].into_iter().chain(TINY).collect();
+    let (csv, values) = random_walk_csv(1200, 7);
+    let walk = dir.join("walk.csv");
+    std::fs::write(&walk, csv).unwrap();
+    let o = run(bin().args(["train", "--data", walk.to_str().unwrap(), "--out", dir.join("walk").to_str().unwrap()]).args(&settings));
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("no skill: ")).count(), 1, "{stdout}");
+    assert!(stdout.contains("validation baselines: Repeat (the last value) MSE "), "{stdout}");
+    assert!(stdout.contains(" skill ") && stdout.contains("hit rate"), "{stdout}");
+    let s = summary(&dir.join("walk"));
+    assert_eq!(s["blend"]["alpha"], 0.0, "{s}");
+    let range = |k: &str| (s["ranges"][k][0].as_u64().unwrap() as usize, s["ranges"][k][1].as_u64().unwrap() as usize);
+    let train = &values[range("train").0..range("train").1];
+    let mean = train.iter().sum::<f64>() / train.len() as f64;
+    let std = (train.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / train.len() as f64).sqrt();
+    let val_repeat = repeat_mse(&values, range("validation"), 12, 3, std);
+    let got = s["val_repeat_mse"].as_f64().unwrap();
+    assert!((got - val_repeat).abs() < 1e-9 * val_repeat, "validation Repeat {got} vs {val_repeat} computed here");
+    let skill = s["val_skill"].as_f64().unwrap();
+    assert!((skill - (1.0 - s["val_mse"].as_f64().unwrap() / got)).abs() < 1e-12, "{s}");
+    // The kept forecast is Repeat: the same test errors, no positions, no strategy return.
+    let t = &s["test"];
+    let (mse, rmse) = (t["mse"].as_f64().unwrap(), t["repeat_mse"].as_f64().unwrap());
+    assert!((mse - rmse).abs() < 1e-12 * rmse, "test MSE {mse} vs Repeat's {rmse}");
+    assert_eq!((t["trades"].as_u64(), t["strategy_return"].as_f64(), t["ic"].is_null()), (Some(0), Some(0.0), true), "{t}");
+
+    let cycles = dir.join("cycles.csv");
+    std::fs::write(&cycles, synthetic_csv(1200)).unwrap();
+    let o = run(bin().args(["train", "--data", cycles.to_str().unwrap(), "--out", dir.join("cycles").to_str().unwrap()]).args(&settings));
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!stdout.contains("no skill") && stdout.contains("skill over Repeat on validation: MSE +"), "{stdout}");
+    let s = summary(&dir.join("cycles"));
+    assert!(s["blend"]["alpha"].as_f64().unwrap() >= 0.5, "{s}");
+    assert!(s["test"]["skill"].as_f64().unwrap() > 0.2, "{s}");
+    assert!(s["val_seasonal"]["period"] == 24, "{s}");
 }

@@ -1,0 +1,82 @@
+//! The trader's figures of a set of forecasts beside Repeat, printed and as JSON, for `train`'s
+//! report and `summary.json` and for `eval`.
+
+use mamba2_data::trade::{skill, TradeFigures, TradeTable};
+use mamba2_data::ErrorTable;
+use serde_json::{json, Value};
+
+/// One row of figures: errors, skill over Repeat, and the trading figures.
+fn row(errors: (f64, f64), repeat: (f64, f64), t: &TradeFigures) -> Value {
+    json!({
+        "mse": errors.0,
+        "mae": errors.1,
+        "repeat_mse": repeat.0,
+        "repeat_mae": repeat.1,
+        "skill": skill(errors.0, repeat.0),
+        "ic": t.ic,
+        "rank_ic": t.rank_ic,
+        "hit_rate": t.hit_rate,
+        "trades": t.trades,
+        "strategy_return": t.strategy_return,
+    })
+}
+
+/// `(overall, per step)` as JSON; NaN (a correlation of Repeat's constant forecast returns, a
+/// hit rate without positions) is written as null.
+pub fn json(errors: &ErrorTable, repeat: &ErrorTable, trades: &TradeTable) -> (Value, Value) {
+    let overall = row(errors.total().mse_mae(), repeat.total().mse_mae(), &trades.overall());
+    let steps: Vec<Value> = (0..errors.horizon)
+        .map(|k| {
+            let mut r = row(errors.step(k).mse_mae(), repeat.step(k).mse_mae(), &trades.step(k));
+            r["step"] = (k + 1).into();
+            r
+        })
+        .collect();
+    (overall, Value::Array(steps))
+}
+
+fn cell(v: f64, digits: usize, scale: f64, suffix: &str) -> String {
+    if v.is_finite() {
+        format!("{:.*}{suffix}", digits, v * scale)
+    } else {
+        "-".into()
+    }
+}
+
+/// The figures overall and at a few steps (the first, the last, and two between, at thirds so
+/// that they do not all fall on the same phase of a daily cycle), as a table.
+pub fn print(errors: &ErrorTable, repeat: &ErrorTable, trades: &TradeTable, data_units: &str) {
+    let h = errors.horizon;
+    let mut steps = vec![0, h / 3, 2 * h / 3, h - 1];
+    steps.dedup();
+    steps.retain(|&k| k < h);
+    println!(
+        "  {:<8} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>14}",
+        "step", "MSE", "Repeat", "skill", "IC", "rank IC", "hit rate", "strategy"
+    );
+    let line = |name: String, e: (f64, f64), r: (f64, f64), t: TradeFigures| {
+        println!(
+            "  {:<8} {:>9.4} {:>9.4} {:>8} {:>7} {:>8} {:>8} {:>14}",
+            name,
+            e.0,
+            r.0,
+            cell(skill(e.0, r.0), 1, 100.0, " %"),
+            cell(t.ic, 3, 1.0, ""),
+            cell(t.rank_ic, 3, 1.0, ""),
+            cell(t.hit_rate, 1, 100.0, " %"),
+            format!("{:+.4}", t.strategy_return)
+        )
+    };
+    for &k in &steps {
+        line(format!("{}", k + 1), errors.step(k).mse_mae(), repeat.step(k).mse_mae(), trades.step(k));
+    }
+    if h > 1 {
+        line("all".into(), errors.total().mse_mae(), repeat.total().mse_mae(), trades.overall());
+    }
+    println!(
+        "  (MSE in scaled units; skill = 1 - MSE / Repeat's; IC: correlation of forecast and realised returns from the last \
+         value; hit rate: share of positions whose sign was right; strategy: sum of sign x realised return{}, {data_units}{})",
+        if trades.cost_bps > 0.0 { format!(" - {} bp of the last value per position", trades.cost_bps) } else { String::new() },
+        if h > 1 { "; `all` averages the steps' IC and strategy; every step is in summary.json" } else { "" }
+    );
+}

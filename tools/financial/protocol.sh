@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The financial development series (tools/financial/fetch.sh writes them) with the default
+# forecaster, three seeds per horizon: test MSE against Repeat's, and the trader's figures.
+# Exits 1 if a mean test MSE is above Repeat's.
+#
+#   bash tools/financial/protocol.sh [out_dir]
+#   SEEDS=0,1,2 BIN=path/to/mamba2 bash tools/financial/protocol.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-runs/financial}
+seeds=${SEEDS:-0,1,2}
+[ -f data/financial/sp500.csv ] || bash tools/financial/fetch.sh
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -p mamba2 --bin mamba2 >&2
+fi
+bin=${BIN:-target/release/mamba2}
+mkdir -p "$out"
+fail=0
+# data  horizon
+while read -r name h; do
+  dir="$out/$name-h$h"
+  rm -rf "$dir"
+  start=$(date +%s)
+  "$bin" train --data "data/financial/$name.csv" --horizon "$h" --seeds "$seeds" --out "$dir" > "$dir.log"
+  secs=$(( $(date +%s) - start ))
+  line=$(python3 - "$dir" "$seeds" <<'PY'
+import json, sys, statistics as st
+d, seeds = sys.argv[1], sys.argv[2].split(",")
+runs = [json.load(open(f"{d}/seed-{s}/summary.json")) for s in seeds]
+def mean(f):
+    v = [f(r) for r in runs]
+    v = [x for x in v if x is not None]
+    return st.mean(v) if v else float("nan")
+m, r = mean(lambda r: r["test"]["mse"]), mean(lambda r: r["test"]["repeat_mse"])
+alphas = " ".join(f'{r["blend"]["alpha"]:.2f}' for r in runs)
+print(f'MSE {m:.5f} Repeat {r:.5f} skill {100 * (1 - m / r):+.2f} %  val skill {100 * mean(lambda r: r["val_skill"]):+.2f} %  '
+      f'IC {mean(lambda r: r["test"]["ic"]):.3f} rank IC {mean(lambda r: r["test"]["rank_ic"]):.3f} '
+      f'hit {100 * mean(lambda r: r["test"]["hit_rate"]):.1f} %  kept alpha {alphas}  {"met" if m <= r else "NOT MET"}')
+PY
+)
+  printf '%-8s H %-3s %s  [%d s]\n' "$name" "$h" "$line" "$secs"
+  case "$line" in *"NOT MET"*) fail=1 ;; esac
+done <<'SETS'
+eustock 1
+eustock 48
+sp500 1
+sp500 96
+msft 1
+msft 96
+SETS
+exit $fail

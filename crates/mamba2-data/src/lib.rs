@@ -33,6 +33,7 @@
 mod baseline;
 pub mod calendar;
 mod cell;
+pub mod folds;
 #[cfg(feature = "parquet")]
 mod parquet_input;
 mod split;

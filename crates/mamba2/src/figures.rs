@@ -77,6 +77,6 @@ pub fn print(errors: &ErrorTable, repeat: &ErrorTable, trades: &TradeTable, data
         "  (MSE in scaled units; skill = 1 - MSE / Repeat's; IC: correlation of forecast and realised returns from the last \
          value; hit rate: share of positions whose sign was right; strategy: sum of sign x realised return{}, {data_units}{})",
         if trades.cost_bps > 0.0 { format!(" - {} bp of the last value per position", trades.cost_bps) } else { String::new() },
-        if h > 1 { "; `all` averages the steps' IC and strategy; every step is in summary.json" } else { "" }
+        if h > 1 { "; `all` averages the steps' IC and strategy; every step is in the JSON file" } else { "" }
     );
 }

@@ -7,6 +7,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
+mod backtest;
 mod figures;
 mod generate;
 mod report;
@@ -44,6 +45,9 @@ enum Command {
     Eval(UseArgs),
     /// The next H rows after the last rows of a data file.
     Predict(UseArgs),
+    /// Walk-forward evaluation: folds at the end of the data, each forecast out of sample by a
+    /// model trained on the rows before it.
+    Backtest(Box<backtest::BacktestArgs>),
     /// Read CSV rows from stdin (header first) and print a forecast after each row.
     Stream(StreamArgs),
     /// Continue a text with an HF Mamba-2 language model (config.json, safetensors, tokenizer.json).
@@ -392,49 +396,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).with_context(|| source.clone())?;
     let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
-    let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
-    let clock = clock_of(&table, calendar.as_ref());
-    let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, features, targets, calendar);
-    let (spec, bb) = (&mut config.spec, &mut config.backbone);
-    bb.d_model = a.d_model.unwrap_or(bb.d_model);
-    bb.n_layer = a.layers.unwrap_or(bb.n_layer);
-    bb.d_state = a.d_state.unwrap_or(bb.d_state);
-    bb.headdim = a.headdim.unwrap_or(bb.headdim);
-    bb.expand = a.expand.unwrap_or(bb.expand);
-    bb.chunk_size = a.chunk_size.unwrap_or(bb.chunk_size);
-    spec.patch = a.patch.unwrap_or(spec.patch);
-    spec.direct = !a.no_direct;
-    spec.norm_window = a.norm_window.unwrap_or(spec.norm_window);
-    spec.scale = a.scale;
-    spec.cycle = if spec.calendar.is_some() { a.cycle.unwrap_or(spec.cycle) } else { 0 };
-    spec.series_embedding = !a.no_series_embedding;
-    spec.mix = a.mix;
-    spec.dropout = a.dropout;
-    config.validate()?;
-    let tc = TrainConfig {
-        epochs: a.epochs,
-        batch_size: a.batch_size,
-        lr: a.lr,
-        weight_decay: a.weight_decay,
-        patience: a.patience,
-        seed: a.seed,
-        stride: a.stride,
-        repeat_check: !a.no_repeat_check,
-        loss_from: a.loss_from,
-        loss_every: a.loss_every,
-        ema: match a.ema {
-            Some(d) if d > 0.0 => Some(d),
-            Some(_) => None,
-            None => TrainConfig::default().ema,
-        },
-        loss: match a.loss {
-            LossArg::Mse => Loss::Mse,
-            LossArg::Mae => Loss::Mae,
-            LossArg::MseMae => Loss::MseMae,
-        },
-        ..TrainConfig::default()
-    };
-    tc.validate()?;
+    let (config, tc, clock) = configure(&a, &table)?;
     let data = Prepared { rows, scaler, ranges, targets: target_idx.clone(), clock };
     // Check that every split has windows before any work is done.
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
@@ -486,6 +448,55 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         mamba2_model::write_atomically(&out_dir.join("seeds.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// The model and training settings the flags ask for on `table`, and each row's calendar clock.
+fn configure(a: &TrainArgs, table: &Table) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
+    let targets = a.targets.clone().unwrap_or_else(|| table.columns.clone());
+    let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
+    let clock = clock_of(table, calendar.as_ref());
+    let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, table.columns.clone(), targets, calendar);
+    let (spec, bb) = (&mut config.spec, &mut config.backbone);
+    bb.d_model = a.d_model.unwrap_or(bb.d_model);
+    bb.n_layer = a.layers.unwrap_or(bb.n_layer);
+    bb.d_state = a.d_state.unwrap_or(bb.d_state);
+    bb.headdim = a.headdim.unwrap_or(bb.headdim);
+    bb.expand = a.expand.unwrap_or(bb.expand);
+    bb.chunk_size = a.chunk_size.unwrap_or(bb.chunk_size);
+    spec.patch = a.patch.unwrap_or(spec.patch);
+    spec.direct = !a.no_direct;
+    spec.norm_window = a.norm_window.unwrap_or(spec.norm_window);
+    spec.scale = a.scale;
+    spec.cycle = if spec.calendar.is_some() { a.cycle.unwrap_or(spec.cycle) } else { 0 };
+    spec.series_embedding = !a.no_series_embedding;
+    spec.mix = a.mix;
+    spec.dropout = a.dropout;
+    config.validate()?;
+    let tc = TrainConfig {
+        epochs: a.epochs,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        patience: a.patience,
+        seed: a.seed,
+        stride: a.stride,
+        repeat_check: !a.no_repeat_check,
+        loss_from: a.loss_from,
+        loss_every: a.loss_every,
+        ema: match a.ema {
+            Some(d) if d > 0.0 => Some(d),
+            Some(_) => None,
+            None => TrainConfig::default().ema,
+        },
+        loss: match a.loss {
+            LossArg::Mse => Loss::Mse,
+            LossArg::Mae => Loss::Mae,
+            LossArg::MseMae => Loss::MseMae,
+        },
+        ..TrainConfig::default()
+    };
+    tc.validate()?;
+    Ok((config, tc, clock))
 }
 
 /// The data-parallel workers the flags ask for.
@@ -930,6 +941,11 @@ fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Ve
     Ok((scaler.transform(&rows, &spec.features).with_context(|| source)?, clock_of(&table, spec.calendar.as_ref())))
 }
 
+fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
+    let out = backtest::check(&b)?;
+    with_backend!(b.train.backend, B, backtest::run::<B>(&b, &out))
+}
+
 fn cmd_eval(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
@@ -1060,6 +1076,7 @@ fn main() {
     let result = match cli.command {
         Command::Train(a) => cmd_train(*a),
         Command::Eval(a) => cmd_eval(a),
+        Command::Backtest(b) => cmd_backtest(*b),
         Command::Predict(a) => cmd_predict(a),
         Command::Stream(a) => cmd_stream(a),
         Command::Generate(a) => generate::cmd_generate(a),

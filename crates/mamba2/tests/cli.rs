@@ -331,6 +331,24 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ("existing run without --resume", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out"], "already holds a run"),
         ("non-numeric flag", vec!["train", "--data", g, "--batch-size", "many"], "invalid value 'many'"),
         ("negative cost", vec!["train", "--data", g, "--cost-bps=-3"], "--cost-bps -3 is not a cost"),
+        ("backtest: zero folds", vec!["backtest", "--data", g, "--folds", "0", "--lookback", "12", "--horizon", "3"], "0 folds"),
+        (
+            "backtest: folds of zero rows",
+            vec!["backtest", "--data", g, "--fold-rows", "0", "--lookback", "12", "--horizon", "3"],
+            "folds of 0 rows are shorter than the horizon 3",
+        ),
+        (
+            "backtest: folds that do not fit",
+            vec!["backtest", "--data", g, "--folds", "4", "--fold-rows", "100", "--lookback", "12", "--horizon", "3"],
+            "4 folds of 100 rows need 400 rows; the data has 300",
+        ),
+        (
+            "backtest: no rows before the first fold",
+            vec!["backtest", "--data", g, "--folds", "3", "--fold-rows", "100", "--lookback", "12", "--horizon", "3"],
+            "fold 1 starts at row 0 with 0 rows before it",
+        ),
+        ("backtest: a window of 0 rows", vec!["backtest", "--data", g, "--window", "0"], "--window 0"),
+        ("backtest: --split", vec!["backtest", "--data", g, "--split", "0.7,0.1"], "backtest does not take --split"),
         (
             "NaN cost in eval",
             vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", g, "--dtype", "f64", "--cost-bps", "NaN"],
@@ -957,4 +975,112 @@ fn a_run_without_skill_says_so_and_keeps_repeat() {
     assert!(s["blend"]["alpha"].as_f64().unwrap() >= 0.5, "{s}");
     assert!(s["test"]["skill"].as_f64().unwrap() > 0.2, "{s}");
     assert!(s["val_seasonal"]["period"] == 24, "{s}");
+}
+
+/// `backtest` forecasts strictly out of sample: changing every value from a row inside the second
+/// fold on leaves every forecast made before that row as it was, bit for bit (the first fold's
+/// and the second fold's earlier ones), while later ones change.
+#[test]
+fn backtest_never_looks_ahead() {
+    let dir = scratch("backtest");
+    let text = synthetic_csv(900);
+    let (a, b) = (dir.join("a.csv"), dir.join("b.csv"));
+    std::fs::write(&a, &text).unwrap();
+    // Data row r is line r + 1 after the header; rows from 840 (fold 2 is 800..900) change.
+    let changed: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 || i < 841 {
+                return l.to_string();
+            }
+            let mut cells: Vec<String> = l.split(',').map(String::from).collect();
+            for c in cells.iter_mut().skip(1) {
+                *c = (c.parse::<f64>().unwrap() * 3.0 + 1.0).to_string();
+            }
+            cells.join(",")
+        })
+        .collect();
+    std::fs::write(&b, changed.join("\n") + "\n").unwrap();
+    let forecasts = |data: &Path, out: &str| -> Vec<(usize, usize, String)> {
+        let o = run(bin()
+            .args(["backtest", "--data", data.to_str().unwrap(), "--out", dir.join(out).to_str().unwrap()])
+            .args(TINY)
+            .args(["--folds", "2", "--fold-rows", "100", "--epochs", "2", "--batch-size", "16", "--no-repeat-check"]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let csv = std::fs::read_to_string(dir.join(out).join("backtest.csv")).unwrap();
+        csv.lines()
+            .skip(1)
+            .map(|l| {
+                let c: Vec<&str> = l.split(',').collect();
+                (c[0].parse().unwrap(), c[1].parse().unwrap(), format!("{},{},{}", c[2], c[3], c[5]))
+            })
+            .collect()
+    };
+    let (fa, fb) = (forecasts(&a, "a"), forecasts(&b, "b"));
+    assert_eq!(fa.len(), fb.len());
+    // Origins 799..=898 in fold 2 (from the row before it), 699..=798 in fold 1; three targets,
+    // three steps each, the last origins cut where the values run out.
+    assert_eq!(fa.iter().filter(|r| r.0 == 1).count(), 100 * 9);
+    let (mut same, mut differ) = (0, 0);
+    for (x, y) in fa.iter().zip(&fb) {
+        assert_eq!((x.0, x.1), (y.0, y.1));
+        if x.1 < 840 {
+            assert_eq!(x.2, y.2, "fold {}, origin {}: a forecast made before the change moved", x.0, x.1);
+            same += 1;
+        } else if x.2 != y.2 {
+            differ += 1;
+        }
+    }
+    assert!(same > 1000 && differ > 100, "{same} unchanged, {differ} changed: the change did not reach the later forecasts");
+    for png in ["backtest_skill.png", "backtest_return.png"] {
+        assert!(dir.join("a").join(png).exists(), "{png}");
+    }
+}
+
+/// With one fold and a checkpoint (no refit), `backtest` gives what `eval` gives on the same
+/// rows: the fold's rows and the lookback before them.
+#[test]
+fn backtest_of_one_fold_without_refit_equals_eval() {
+    let dir = scratch("backtest-eval");
+    let csv = dir.join("data.csv");
+    let text = synthetic_csv(400);
+    std::fs::write(&csv, &text).unwrap();
+    let o = train_tiny(&dir, &csv, &["--no-repeat-check"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = dir.join("run").join("best.ckpt");
+    let o = run(bin().args([
+        "backtest",
+        "--data",
+        csv.to_str().unwrap(),
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--folds",
+        "1",
+        "--fold-rows",
+        "100",
+        "--dtype",
+        "f64",
+        "--out",
+        dir.join("bt").to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bt: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("bt").join("backtest.json")).unwrap()).unwrap();
+    // The fold is rows 300..400; its forecasts read from row 300 - L on.
+    let lines: Vec<&str> = text.lines().collect();
+    let sliced = dir.join("sliced.csv");
+    std::fs::write(&sliced, format!("{}\n{}\n", lines[0], lines[1 + 300 - 12..].join("\n"))).unwrap();
+    let o = run(bin().args(["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", sliced.to_str().unwrap(), "--dtype", "f64"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let eval = String::from_utf8_lossy(&o.stdout).lines().next().unwrap().to_string();
+    let f = |k: &str| bt["overall"][k].as_f64().unwrap();
+    let want = format!(
+        "{} windows (normalised units): mamba2 MSE {:.6} MAE {:.6}; Repeat MSE {:.6} MAE {:.6}",
+        bt["folds"][0]["forecasts"],
+        f("mse"),
+        f("mae"),
+        f("repeat_mse"),
+        f("repeat_mae")
+    );
+    assert_eq!(eval, want);
 }

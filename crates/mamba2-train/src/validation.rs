@@ -263,8 +263,9 @@ impl Scored {
     }
 }
 
-/// The trader's figures ([`TradeTable`]) of `model`'s forecasts after the first `n` windows of
-/// `w`, with each target's `(mean, std)` for the strategy's return in the data's units.
+/// The errors ([`ErrorTable`]) and the trader's figures ([`TradeTable`]) of `model`'s forecasts
+/// after the first `n` windows of `w`, in one pass, with each target's `(mean, std)` for the
+/// strategy's return in the data's units.
 #[allow(clippy::too_many_arguments)]
 pub fn trade_table<B: Backend>(
     model: &Forecaster<B>,
@@ -275,8 +276,12 @@ pub fn trade_table<B: Backend>(
     units: Vec<(f64, f64)>,
     cost_bps: f64,
     device: &B::Device,
-) -> Result<TradeTable, TrainError> {
+) -> Result<(ErrorTable, TradeTable), TrainError> {
+    let mut errors = ErrorTable::new(units.len(), w.horizon);
     let mut table = TradeTable::new(w.horizon, units, cost_bps);
-    each_forecast(model, w, clock, n, batch_size, device, |_, t, last, p, y| table.add(t, last, p, y))?;
-    Ok(table)
+    each_forecast(model, w, clock, n, batch_size, device, |_, t, last, p, y| {
+        errors.add(t, p, y);
+        table.add(t, last, p, y);
+    })?;
+    Ok((errors, table))
 }

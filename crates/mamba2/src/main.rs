@@ -23,7 +23,7 @@ use mamba2_forecast::features::Truth;
 use mamba2_forecast::{ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
-use mamba2_train::{evaluate_table, trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
+use mamba2_train::{trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
 use report::Reporter;
 
 /// ETTh1 (Zhou et al., Informer, AAAI 2021; CC BY-ND 4.0), shipped unmodified in data/ett/.
@@ -581,10 +581,9 @@ fn train_one(
             println!("{}", wrote(out, &["loss.png"]));
             return Ok((f64::NAN, f64::NAN));
         }
-        let errors = evaluate_table(&loaded.module, &test, &data.clock, 32, true, &device)?;
         let repeat = repeat_table(&test, &data.targets, 32);
         let units = data.targets.iter().map(|&j| (data.scaler.mean[j], data.scaler.std[j])).collect();
-        let trades = trade_table(&loaded.module, &test, &data.clock, test.len() / 32 * 32, 32, units, a.cost_bps, &device)?;
+        let (errors, trades) = trade_table(&loaded.module, &test, &data.clock, test.len() / 32 * 32, 32, units, a.cost_bps, &device)?;
         let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         let secs = started.elapsed().as_secs_f64();
         println!("wall time {secs:.0} s");
@@ -954,12 +953,11 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
         if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
             bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
         }
-        let errors = evaluate_table(&model, &w, &clock, 32, false, &device)?;
+        let units = targets.iter().map(|&j| (scaler.mean[j], scaler.std[j])).collect();
+        let (errors, trades) = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, &device)?;
         let repeat = repeat_table(&w, targets, 1);
         let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         println!("{} windows (normalised units): mamba2 MSE {mse:.6} MAE {mae:.6}; Repeat MSE {rmse:.6} MAE {rmae:.6}", w.len());
-        let units = targets.iter().map(|&j| (scaler.mean[j], scaler.std[j])).collect();
-        let trades = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, &device)?;
         figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
         if let Some(from) = a.continuous_from {
             let (cm, ca) =

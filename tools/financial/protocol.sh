@@ -4,7 +4,7 @@
 # Exits 1 if a mean test MSE is above Repeat's.
 #
 #   bash tools/financial/protocol.sh [out_dir]
-#   SEEDS=0,1,2 BIN=path/to/mamba2 bash tools/financial/protocol.sh
+#   SEEDS=0,1,2 BIN=path/to/mamba2 EXTRA="--no-repeat-check" bash tools/financial/protocol.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-runs/financial}
@@ -21,7 +21,7 @@ while read -r name h; do
   dir="$out/$name-h$h"
   rm -rf "$dir"
   start=$(date +%s)
-  "$bin" train --data "data/financial/$name.csv" --horizon "$h" --seeds "$seeds" --out "$dir" > "$dir.log"
+  "$bin" train --data "data/financial/$name.csv" --horizon "$h" --seeds "$seeds" --out "$dir" ${EXTRA:-} > "$dir.log"
   secs=$(( $(date +%s) - start ))
   line=$(python3 - "$dir" "$seeds" <<'PY'
 import json, sys, statistics as st

@@ -75,8 +75,6 @@ pub fn each_forecast<B: Backend>(
 pub struct Scored {
     /// The model's errors per target and step.
     pub model: ErrorTable,
-    /// Repeat's.
-    pub repeat: ErrorTable,
     /// Per window, per blend weight `g / BLEND_GRID`: the squared and absolute errors of the
     /// blend, summed over targets and steps.
     se: Vec<[f64; BLEND_GRID + 1]>,
@@ -92,17 +90,10 @@ pub fn score<B: Backend>(
     device: &B::Device,
 ) -> Result<Scored, TrainError> {
     let (t_n, h) = (model.target_indices().len(), w.horizon);
-    let mut s = Scored {
-        model: ErrorTable::new(t_n, h),
-        repeat: ErrorTable::new(t_n, h),
-        se: vec![[0.0; BLEND_GRID + 1]; w.len()],
-        ae: vec![[0.0; BLEND_GRID + 1]; w.len()],
-    };
-    let mut repeat = vec![0.0; h];
+    let mut s =
+        Scored { model: ErrorTable::new(t_n, h), se: vec![[0.0; BLEND_GRID + 1]; w.len()], ae: vec![[0.0; BLEND_GRID + 1]; w.len()] };
     each_forecast(model, w, clock, w.len(), batch_size, device, |i, t, last, p, y| {
         s.model.add(t, p, y);
-        repeat.fill(last);
-        s.repeat.add(t, &repeat, y);
         // The weights innermost, in registers: this runs for every validation value each
         // epoch, and vectorises across the weights.
         let (mut se, mut ae) = ([0.0; BLEND_GRID + 1], [0.0; BLEND_GRID + 1]);

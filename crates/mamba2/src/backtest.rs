@@ -16,7 +16,7 @@ use mamba2_forecast::Forecaster;
 use mamba2_train::{each_forecast, train_parallel, Prepared, RunDir, Workers};
 
 use crate::report::Reporter;
-use crate::{configure, line, load_model, load_table, workers, TrainArgs};
+use crate::{check_cost_bps, configure, default_out, line, load_model, load_table, workers, TrainArgs};
 
 #[derive(Args, Clone)]
 pub struct BacktestArgs {
@@ -86,16 +86,11 @@ pub fn check(b: &BacktestArgs) -> Result<PathBuf> {
             bail!("backtest does not take {flag}: the folds decide what each model trains, validates and forecasts on");
         }
     }
-    if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
-        bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
-    }
+    check_cost_bps(a.cost_bps)?;
     if b.window == Some(0) {
         bail!("--window 0: a fold's model needs rows to fit on");
     }
-    let out = a.out.clone().unwrap_or_else(|| {
-        let stem = a.data.data.as_ref().and_then(|p| p.file_stem()).map_or("etth1".into(), |s| s.to_string_lossy().to_string());
-        PathBuf::from("runs").join(format!("{stem}-backtest"))
-    });
+    let out = a.out.clone().unwrap_or_else(|| default_out(&a.data, "-backtest"));
     if out.join("backtest.json").exists() || out.join("fold-1").exists() {
         bail!("{} already holds a backtest; choose another --out", out.display());
     }
@@ -137,6 +132,11 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
         Some((_, s, _)) => s.clone(),
         None => Scaler::fit(&table.rows[folds[0].train.0..folds[0].train.1], &table.columns).with_context(|| source.clone())?,
     };
+    // A fixed model reads every fold with its own scaler: the rows are scaled once.
+    let fixed_rows = match &fixed {
+        Some((_, s, _)) => Some(s.transform(&table.rows, &table.columns).with_context(|| source.clone())?),
+        None => None,
+    };
     let units: Vec<(f64, f64)> = targets.iter().map(|&j| (report_scaler.mean[j], report_scaler.std[j])).collect();
     let workers: Workers = workers(a)?;
     println!(
@@ -156,8 +156,10 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
     for fold in &folds {
         let k = fold.index + 1;
         let started = std::time::Instant::now();
-        let (model, scaler, trained): (Forecaster<I<B>>, Scaler, serde_json::Value) = match &fixed {
-            Some((m, s, _)) => (m.clone(), s.clone(), serde_json::Value::Null),
+        // The fold's model, the scaler it reads with, the rows scaled by it (a fixed model's are
+        // scaled once, before the folds), and how it trained.
+        let (model, scaler, own_rows, trained) = match &fixed {
+            Some((m, s, _)) => (m.clone(), s.clone(), None, serde_json::Value::Null),
             None => {
                 let scaler = Scaler::fit(&table.rows[fold.train.0..fold.train.1], &table.columns).with_context(|| source.clone())?;
                 let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
@@ -187,12 +189,13 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
                 (
                     loaded.module,
                     scaler,
+                    Some(data.rows),
                     serde_json::json!({"epochs": summary.history.len(), "best_epoch": summary.best_epoch, "blend": blend}),
                 )
             }
         };
-        let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
-        let w = Windows::new(&rows, fold.windows, l, h, 1)?;
+        let rows = own_rows.as_deref().or(fixed_rows.as_deref()).expect("a fixed model's rows are scaled before the folds");
+        let w = Windows::new(rows, fold.windows, l, h, 1)?;
         let mut tally = Tally::new(targets.len(), h, &units, a.cost_bps);
         let to_report = |t: usize, v: f64| {
             let j = targets[t];

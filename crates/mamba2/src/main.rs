@@ -377,9 +377,7 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 }
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
-    if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
-        bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
-    }
+    check_cost_bps(a.cost_bps)?;
     let (table, is_etth1) = load_table(&a.data, None)?;
     let features = table.columns.clone();
     let targets = a.targets.clone().unwrap_or_else(|| features.clone());
@@ -406,10 +404,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     if workers.cluster.is_some() && a.seeds.as_ref().is_some_and(|s| s.len() > 1) {
         bail!("--seeds with --world-size: start one run over the processes per seed");
     }
-    let out_dir = a.out.clone().unwrap_or_else(|| {
-        let stem = a.data.data.as_ref().and_then(|p| p.file_stem()).map_or("etth1".into(), |s| s.to_string_lossy().to_string());
-        PathBuf::from("runs").join(stem)
-    });
+    let out_dir = a.out.clone().unwrap_or_else(|| default_out(&a.data, ""));
     let seeds = a.seeds.clone().unwrap_or_else(|| vec![a.seed]);
     let dirs: Vec<PathBuf> =
         if seeds.len() > 1 { seeds.iter().map(|s| out_dir.join(format!("seed-{s}"))).collect() } else { vec![out_dir.clone()] };
@@ -497,6 +492,20 @@ fn configure(a: &TrainArgs, table: &Table) -> Result<(ForecasterConfig, TrainCon
     };
     tc.validate()?;
     Ok((config, tc, clock))
+}
+
+/// `runs/<data file name><suffix>`, where a command writes when `--out` is not given.
+fn default_out(d: &DataArgs, suffix: &str) -> PathBuf {
+    let stem = d.data.as_ref().and_then(|p| p.file_stem()).map_or("etth1".into(), |s| s.to_string_lossy().to_string());
+    PathBuf::from("runs").join(format!("{stem}{suffix}"))
+}
+
+/// Fails unless `--cost-bps` is a cost: finite and not negative.
+fn check_cost_bps(bps: f64) -> Result<()> {
+    if !(bps.is_finite() && bps >= 0.0) {
+        bail!("--cost-bps {bps} is not a cost: give basis points, 0 or more");
+    }
+    Ok(())
 }
 
 /// The data-parallel workers the flags ask for.
@@ -950,9 +959,7 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
-        if !(a.cost_bps.is_finite() && a.cost_bps >= 0.0) {
-            bail!("--cost-bps {} is not a cost: give basis points, 0 or more", a.cost_bps);
-        }
+        check_cost_bps(a.cost_bps)?;
         let units = targets.iter().map(|&j| (scaler.mean[j], scaler.std[j])).collect();
         let (errors, trades) = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, &device)?;
         let repeat = repeat_table(&w, targets, 1);

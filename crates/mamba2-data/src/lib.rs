@@ -36,6 +36,7 @@ mod cell;
 pub mod folds;
 #[cfg(feature = "parquet")]
 mod parquet_input;
+pub mod quantile;
 mod split;
 mod table;
 pub mod trade;

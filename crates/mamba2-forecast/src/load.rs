@@ -7,6 +7,7 @@ use std::path::Path;
 use burn::prelude::Backend;
 use mamba2_model::{load_checkpoint, read_checkpoint_header, Loaded};
 
+use mamba2_data::quantile::Calibration;
 use mamba2_data::{DataError, Scaler};
 
 use crate::{ForecastError, Forecaster, ForecasterConfig};
@@ -18,6 +19,9 @@ pub struct Opened<B: Backend> {
     pub model: Forecaster<B>,
     /// The z-scores of its feature columns, fitted on the training rows.
     pub scaler: Scaler,
+    /// How its forecasts become quantiles, fitted on the validation split; `None` for a
+    /// checkpoint written before intervals existed, or by a process other than `train`'s.
+    pub calibration: Option<Calibration>,
     /// Everything else `train` saved with it (epoch, step, validation metrics, ...).
     pub meta: serde_json::Value,
 }
@@ -57,5 +61,17 @@ pub fn open_forecaster<B: Backend>(path: &Path, device: &B::Device) -> Result<Op
             scaler.std[j]
         )));
     }
-    Ok(Opened { model: module, scaler, meta })
+    let calibration = match meta.get("calibration") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => {
+            let c: Calibration =
+                serde_json::from_value(v.clone()).map_err(|e| fail(format!("its quantile calibration is unreadable: {e}")))?;
+            let (t, h) = (module.spec().targets.len(), module.spec().horizon);
+            for iv in [&c.model, &c.repeat] {
+                iv.check(t, h).map_err(fail)?;
+            }
+            Some(c)
+        }
+    };
+    Ok(Opened { model: module, scaler, calibration, meta })
 }

@@ -4,6 +4,8 @@
 use burn::prelude::*;
 use mamba2_model::{HostFloat, ModelError, StreamingStack, StreamingState};
 
+use mamba2_data::quantile::Intervals;
+
 use crate::features::{RowEncoder, RowRef};
 use crate::forecaster::Forecaster;
 
@@ -31,6 +33,9 @@ pub struct ForecastStream<T: HostFloat> {
     refs: Vec<RowRef>,
     u: Vec<T>,
     hidden: Vec<T>,
+    /// The calibrated intervals, with each target's recent values for their local scale.
+    intervals: Option<Intervals>,
+    recent: Vec<Vec<f64>>,
 }
 
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
@@ -61,7 +66,28 @@ impl<T: HostFloat> ForecastStream<T> {
             head_w: host(model.mamba.output_proj.weight.val()),
             direct_w: model.direct.as_ref().map(|d| host(d.weight.val())),
             cycle: model.cycle_table().map(host),
+            intervals: None,
+            recent: vec![Vec::new(); t_n],
         }
+    }
+
+    /// The same stream, also keeping what [`ForecastStream::quantiles`] needs (each target's
+    /// last `intervals.memory()` values: 8 bytes each per target).
+    ///
+    /// # Errors
+    /// [`ModelError::State`] when the intervals were made for another number of targets or
+    /// steps.
+    pub fn with_intervals(mut self, intervals: Intervals) -> Result<Self, ModelError> {
+        intervals.check(self.refs.len(), self.horizon).map_err(|why| ModelError::State { why })?;
+        self.intervals = Some(intervals);
+        Ok(self)
+    }
+
+    /// The quantiles, `[H, n_targets, levels]` row-major in the scaled units, of the point
+    /// forecast `point` that the last [`ForecastStream::push`] returned; `None` without
+    /// intervals.
+    pub fn quantiles(&self, point: &[f64]) -> Option<Vec<f64>> {
+        self.intervals.as_ref().map(|iv| iv.quantiles(point, |t| &self.recent[t]))
     }
 
     /// Adds one row (every input column, scaled as in training) at calendar clock `clock` and
@@ -76,6 +102,16 @@ impl<T: HostFloat> ForecastStream<T> {
             return Err(ModelError::State { why: format!("a row needs {want} values, got {}", row.len()) });
         }
         self.encoder.push(row, clock, &mut self.inputs, &mut self.refs);
+        if let Some(iv) = &self.intervals {
+            // Trimmed in bulk, so that keeping the last values costs O(1) per row.
+            let keep = iv.memory().max(1);
+            for (recent, &j) in self.recent.iter_mut().zip(&self.encoder.map().targets) {
+                recent.push(row[j]);
+                if recent.len() >= 2 * keep + 64 {
+                    recent.drain(..recent.len() - keep);
+                }
+            }
+        }
         let (f, d, h) = (self.n_feat, self.d_model, self.horizon);
         let t_n = self.refs.len();
         for c in 0..t_n {

@@ -20,8 +20,9 @@ use mamba2_forecast::{Batch, Forecaster, ForecasterConfig, Loss};
 
 use crate::ema::Ema;
 use crate::parallel::{Peer, Workers};
-use crate::validation::{each_forecast, score, Blend};
+use crate::validation::{calibrate, each_forecast, score, Blend};
 use crate::TrainError;
+use mamba2_data::quantile::Calibration;
 
 /// Optimisation settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +66,15 @@ pub struct TrainConfig {
     /// model as trained.
     #[serde(default = "yes")]
     pub repeat_check: bool,
+    /// The quantile levels `best.ckpt` is calibrated for ([`calibrate`](crate::calibrate)): one
+    /// quantile forecast per level beside each point.
+    #[serde(default = "default_quantiles")]
+    pub quantiles: Vec<f64>,
+}
+
+/// The levels of the 80 % central interval and the median.
+pub fn default_quantiles() -> Vec<f64> {
+    vec![0.1, 0.5, 0.9]
 }
 
 fn one() -> usize {
@@ -99,6 +109,7 @@ impl Default for TrainConfig {
             loss: Loss::Mae,
             ema: Some(0.99),
             repeat_check: true,
+            quantiles: default_quantiles(),
         }
     }
 }
@@ -119,6 +130,7 @@ impl TrainConfig {
         if self.loss_every == 0 {
             return bad("loss every must be at least 1, got 0");
         }
+        mamba2_data::quantile::check_levels(&self.quantiles)?;
         if let Some(d) = self.ema {
             if !(0.0..1.0).contains(&d) {
                 return bad(&format!("the weight average's decay must be at least 0 and below 1, got {d}"));
@@ -190,6 +202,8 @@ pub enum Progress<'a> {
         /// The value one day before, `(period, MSE, MAE)`.
         seasonal: Option<(usize, f64, f64)>,
     },
+    /// The epochs are done; the kept model's quantiles are being fitted on validation.
+    Calibrating,
     /// An epoch starts: `steps` optimizer steps over `windows` training windows.
     EpochStart {
         /// 1-based epoch.
@@ -239,6 +253,8 @@ pub struct TrainSummary {
     /// How much of the best epoch's correction of Repeat `best.ckpt` keeps (see [`Blend`]);
     /// `None` on every process but 0 of a run over several.
     pub blend: Option<Blend>,
+    /// The quantile calibration `best.ckpt` holds; `None` on every process but 0.
+    pub calibration: Option<Calibration>,
 }
 
 /// Metadata stored in `last.ckpt` and `best.ckpt`.
@@ -821,7 +837,42 @@ fn epochs<B: AutodiffBackend>(
         )?;
         stop_together(&peer, written, failed[0])?;
     }
-    Ok(TrainSummary { history: meta.history, best_epoch: meta.best_epoch, stopped_early, val_repeat, val_seasonal, blend: meta.blend })
+    // The kept model's errors on validation give its quantiles: written into best.ckpt once the
+    // epochs are done (a resumed run that has none left to train does the same again).
+    let calibration = if peer.leads() && dir.best().exists() {
+        report(Progress::Calibrating);
+        let c = calibrate_best::<B::InnerBackend>(config, dir, val_w, &data.clock, tc, device);
+        Some(c?)
+    } else {
+        None
+    };
+    Ok(TrainSummary {
+        history: meta.history,
+        best_epoch: meta.best_epoch,
+        stopped_early,
+        val_repeat,
+        val_seasonal,
+        blend: meta.blend,
+        calibration,
+    })
+}
+
+/// Fits the quantiles of `best.ckpt`'s forecasts on the validation windows and saves them in it
+/// (atomically, beside what it held).
+fn calibrate_best<B: Backend>(
+    config: &ForecasterConfig,
+    dir: &RunDir,
+    val_w: &Windows,
+    clock: &[i64],
+    tc: &TrainConfig,
+    device: &B::Device,
+) -> Result<Calibration, TrainError> {
+    let best = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.best(), device, |c, d| c.init(d))?;
+    let c = calibrate(&best.module, val_w, clock, &tc.quantiles, tc.batch_size, device)?;
+    let mut meta = best.meta;
+    meta["calibration"] = serde_json::to_value(&c).expect("serialisable");
+    save_checkpoint(&best.module, config, &meta, &dir.best())?;
+    Ok(c)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use mamba2_data::quantile::{choose_intervals, Calibration, IntervalTable, Intervals, Residuals};
 use mamba2_data::trade::{diebold_mariano, hln_corrected, newey_west_lag, skill, t_critical, TradeTable};
 use mamba2_data::{ErrorTable, Windows};
 use mamba2_forecast::features::Truth;
@@ -274,7 +275,8 @@ impl Scored {
 
 /// The errors ([`ErrorTable`]) and the trader's figures ([`TradeTable`]) of `model`'s forecasts
 /// after the first `n` windows of `w`, in one pass, with each target's `(mean, std)` for the
-/// strategy's return in the data's units.
+/// strategy's return in the data's units; with a calibration, the quantile figures of the
+/// model's and conformal Repeat's intervals too.
 #[allow(clippy::too_many_arguments)]
 pub fn trade_table<B: Backend>(
     model: &Forecaster<B>,
@@ -284,13 +286,75 @@ pub fn trade_table<B: Backend>(
     batch_size: usize,
     units: Vec<(f64, f64)>,
     cost_bps: f64,
+    calibration: Option<&Calibration>,
     device: &B::Device,
-) -> Result<(ErrorTable, TradeTable), TrainError> {
+) -> Result<(ErrorTable, TradeTable, Option<QuantileTables>), TrainError> {
     let mut errors = ErrorTable::new(units.len(), w.horizon);
     let mut table = TradeTable::new(w.horizon, units, cost_bps);
-    each_forecast(model, w, clock, n, batch_size, device, |_, t, last, p, y| {
+    let mut q = calibration.map(|c| QuantileTables {
+        model: IntervalTable::new(&c.model.levels, w.horizon),
+        repeat: IntervalTable::new(&c.repeat.levels, w.horizon),
+    });
+    let targets = model.target_indices();
+    let mut recent = Vec::new();
+    let mut out = Vec::new();
+    each_forecast(model, w, clock, n, batch_size, device, |i, t, last, p, y| {
         errors.add(t, p, y);
         table.add(t, last, p, y);
+        if let (Some(c), Some(q)) = (calibration, q.as_mut()) {
+            let j = targets[t];
+            window_quantiles(&c.model, w, i, t, j, p.iter().copied(), &mut recent, &mut out);
+            q.model.add(&out, y);
+            window_quantiles(&c.repeat, w, i, t, j, std::iter::repeat(last), &mut recent, &mut out);
+            q.repeat.add(&out, y);
+        }
     })?;
-    Ok((errors, table))
+    Ok((errors, table, q))
+}
+
+/// The quantile calibration of `model` (see [`mamba2_data::quantile`]): its errors and Repeat's
+/// after every window of `w` (the validation split), the local scale chosen on its halves.
+pub fn calibrate<B: Backend>(
+    model: &Forecaster<B>,
+    w: &Windows,
+    clock: &[i64],
+    levels: &[f64],
+    batch_size: usize,
+    device: &B::Device,
+) -> Result<Calibration, TrainError> {
+    let mut res = Residuals::new(w, model.target_indices());
+    each_forecast(model, w, clock, w.len(), batch_size, device, |i, t, last, p, y| res.set(i, t, last, p, y))?;
+    Ok(choose_intervals(levels, &res))
+}
+
+/// Writes into `out`, `[step][level]`, the quantiles of target `t` (feature column `j`) after
+/// window `i` of `w` for its point forecasts `point`, the local scale read from `w`'s rows up to
+/// the window's last (`recent` is scratch space).
+#[allow(clippy::too_many_arguments)]
+pub fn window_quantiles(
+    iv: &Intervals,
+    w: &Windows,
+    i: usize,
+    t: usize,
+    j: usize,
+    point: impl Iterator<Item = f64>,
+    recent: &mut Vec<f64>,
+    out: &mut Vec<f64>,
+) {
+    let origin = w.starts[i] + w.lookback - 1;
+    let from = (origin + 1).saturating_sub(iv.memory());
+    recent.clear();
+    recent.extend(w.rows[from..=origin].iter().map(|r| r[j]));
+    out.resize(w.horizon * iv.levels.len(), 0.0);
+    iv.fill(t, iv.scale_of(recent), point, out);
+}
+
+/// Quantile figures of a model's and of conformal Repeat's forecasts, scored in the same pass as
+/// the point forecasts' ([`trade_table`]).
+#[derive(Debug, Clone)]
+pub struct QuantileTables {
+    /// The model's.
+    pub model: IntervalTable,
+    /// Conformal Repeat's.
+    pub repeat: IntervalTable,
 }

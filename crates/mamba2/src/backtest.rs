@@ -10,10 +10,11 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use mamba2::plot::{draw, Chart};
 use mamba2_data::folds::walk_forward;
+use mamba2_data::quantile::IntervalTable;
 use mamba2_data::trade::TradeTable;
 use mamba2_data::{ErrorTable, Scaler, Windows};
 use mamba2_forecast::Forecaster;
-use mamba2_train::{each_forecast, train_parallel, Prepared, RunDir, Workers};
+use mamba2_train::{each_forecast, train_parallel, window_quantiles, Prepared, QuantileTables, RunDir, Workers};
 
 use crate::report::Reporter;
 use crate::{check_cost_bps, configure, default_out, line, load_model, load_table, workers, TrainArgs};
@@ -106,10 +107,10 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
         Some(p) => Some(load_model::<I<B>>(p, &device)?),
         None => None,
     };
-    let (table, _) = load_table(&a.data, fixed.as_ref().map(|(_, _, spec)| spec.features.clone()))?;
+    let (table, _) = load_table(&a.data, fixed.as_ref().map(|(_, _, spec, _)| spec.features.clone()))?;
     let source = a.data.data.as_ref().map_or(crate::ETTH1_NAME.to_string(), |p| p.display().to_string());
     let (config, tc, clock) = match &fixed {
-        Some((_, _, spec)) => {
+        Some((_, _, spec, _)) => {
             let (mut c, tc, _) = configure(a, &table)?;
             c.spec = spec.clone();
             let clock = crate::clock_of(&table, spec.calendar.as_ref());
@@ -129,12 +130,12 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
     // One scale for the figures of every fold: the checkpoint's, or that of the first fold's
     // training rows (which precede every forecast).
     let report_scaler = match &fixed {
-        Some((_, s, _)) => s.clone(),
+        Some((_, s, _, _)) => s.clone(),
         None => Scaler::fit(&table.rows[folds[0].train.0..folds[0].train.1], &table.columns).with_context(|| source.clone())?,
     };
     // A fixed model reads every fold with its own scaler: the rows are scaled once.
     let fixed_rows = match &fixed {
-        Some((_, s, _)) => Some(s.transform(&table.rows, &table.columns).with_context(|| source.clone())?),
+        Some((_, s, _, _)) => Some(s.transform(&table.rows, &table.columns).with_context(|| source.clone())?),
         None => None,
     };
     let units: Vec<(f64, f64)> = targets.iter().map(|&j| (report_scaler.mean[j], report_scaler.std[j])).collect();
@@ -153,13 +154,14 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
     let mut overall = Tally::new(targets.len(), h, &units, a.cost_bps);
     let mut records = Vec::new();
     let mut fold_json = Vec::new();
+    let mut overall_q: Option<QuantileTables> = None;
     for fold in &folds {
         let k = fold.index + 1;
         let started = std::time::Instant::now();
         // The fold's model, the scaler it reads with, the rows scaled by it (a fixed model's are
         // scaled once, before the folds), and how it trained.
-        let (model, scaler, own_rows, trained) = match &fixed {
-            Some((m, s, _)) => (m.clone(), s.clone(), None, serde_json::Value::Null),
+        let (model, scaler, own_rows, trained, calibration) = match &fixed {
+            Some((m, s, _, c)) => (m.clone(), s.clone(), None, serde_json::Value::Null, c.clone()),
             None => {
                 let scaler = Scaler::fit(&table.rows[fold.train.0..fold.train.1], &table.columns).with_context(|| source.clone())?;
                 let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
@@ -191,12 +193,21 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
                     scaler,
                     Some(data.rows),
                     serde_json::json!({"epochs": summary.history.len(), "best_epoch": summary.best_epoch, "blend": blend}),
+                    summary.calibration,
                 )
             }
         };
         let rows = own_rows.as_deref().or(fixed_rows.as_deref()).expect("a fixed model's rows are scaled before the folds");
         let w = Windows::new(rows, fold.windows, l, h, 1)?;
         let mut tally = Tally::new(targets.len(), h, &units, a.cost_bps);
+        // Quantile figures of the fold, in the report's scale like the rest.
+        let mut fold_q = calibration
+            .as_ref()
+            .map(|c| QuantileTables { model: IntervalTable::new(&c.model.levels, h), repeat: IntervalTable::new(&c.repeat.levels, h) });
+        if overall_q.is_none() {
+            overall_q = fold_q.clone();
+        }
+        let (mut recent, mut qs) = (Vec::new(), Vec::new());
         let to_report = |t: usize, v: f64| {
             let j = targets[t];
             (v * scaler.std[j] + scaler.mean[j] - report_scaler.mean[j]) / report_scaler.std[j]
@@ -209,6 +220,23 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
             );
             tally.add(t, last_r, &p_r, &y_r);
             overall.add(t, last_r, &p_r, &y_r);
+            if let (Some(c), Some(fq)) = (calibration.as_ref(), fold_q.as_mut()) {
+                for (iv, repeat) in [(&c.model, false), (&c.repeat, true)] {
+                    let point: Box<dyn Iterator<Item = f64>> =
+                        if repeat { Box::new(std::iter::repeat(last)) } else { Box::new(p.iter().copied()) };
+                    window_quantiles(iv, &w, i, t, targets[t], point, &mut recent, &mut qs);
+                    qs.iter_mut().for_each(|v| *v = to_report(t, *v));
+                    let (f, o) = if repeat {
+                        (&mut fq.repeat, &mut overall_q.as_mut().expect("set with the fold's").repeat)
+                    } else {
+                        (&mut fq.model, &mut overall_q.as_mut().expect("set with the fold's").model)
+                    };
+                    f.add(&qs, &y_r);
+                    if f.levels == o.levels {
+                        o.add(&qs, &y_r);
+                    }
+                }
+            }
             let j = targets[t];
             let data_units = |v: f64| scaler.inverse(j, v);
             records.push(Record {
@@ -241,8 +269,24 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
             },
             started.elapsed().as_secs_f64()
         );
+        let quantile_figures = fold_q.as_ref().map(|q| {
+            let (m, r) = (q.model.total(), q.repeat.total());
+            if let (Some(a), Some(b)) = (m.intervals.first(), r.intervals.first()) {
+                println!(
+                    "fold {k}/{}: {:.0} % interval covers {:.1} % (conformal Repeat {:.1} %), pinball loss {:.4} (conformal Repeat {:.4})",
+                    folds.len(),
+                    100.0 * a.0,
+                    100.0 * a.1,
+                    100.0 * b.1,
+                    m.pinball,
+                    r.pinball
+                );
+            }
+            crate::figures::quantile_json(q).0
+        });
         fold_json.push(serde_json::json!({
             "fold": k,
+            "quantiles": quantile_figures,
             "fit_rows": [fold.fit.0, fold.fit.1],
             "train_rows": [fold.train.0, fold.train.1],
             "rows": [fold.test.0, fold.test.1],
@@ -257,6 +301,10 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
         if fixed.is_some() { "the checkpoint's scaler" } else { "the first fold's training rows" }
     );
     crate::figures::print(&overall.model, &overall.repeat, &overall.trades, "in the data's units, summed over the targets");
+    if let Some(q) = &overall_q {
+        println!("quantiles of every fold together beside conformal Repeat:");
+        crate::figures::print_quantiles(q);
+    }
     write_csv(&out.join("backtest.csv"), &records, &config.spec.targets)?;
     let (o, per_step) = crate::figures::json(&overall.model, &overall.repeat, &overall.trades);
     let json = serde_json::json!({
@@ -271,6 +319,8 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
         "cost_bps": a.cost_bps,
         "overall": o,
         "overall_per_step": per_step,
+        "overall_quantiles": overall_q.as_ref().map(|q| crate::figures::quantile_json(q).0),
+        "overall_quantiles_per_step": overall_q.as_ref().map(|q| crate::figures::quantile_json(q).1),
     });
     mamba2_model::write_atomically(&out.join("backtest.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     charts(out, &records, &folds.iter().map(|f| f.test.0).collect::<Vec<_>>(), &units, a.cost_bps)?;
@@ -352,6 +402,7 @@ fn charts(out: &Path, records: &[Record], starts: &[usize], units: &[(f64, f64)]
             ],
             marks: marks.clone(),
             integer_x: true,
+            bands: Vec::new(),
         },
         720,
         420,
@@ -365,6 +416,7 @@ fn charts(out: &Path, records: &[Record], starts: &[usize], units: &[(f64, f64)]
             lines: vec![line("sign of the one-step forecast", money, [31, 119, 180], false)],
             marks,
             integer_x: true,
+            bands: Vec::new(),
         },
         720,
         420,

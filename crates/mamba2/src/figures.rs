@@ -1,8 +1,11 @@
-//! The trader's figures of a set of forecasts beside Repeat, printed and as JSON, for `train`'s
-//! report and `summary.json` and for `eval`.
+//! The trader's figures of a set of forecasts beside Repeat, and the quantile figures beside
+//! conformal Repeat, printed and as JSON, for `train`'s report and `summary.json`, `eval` and
+//! `backtest`.
 
+use mamba2_data::quantile::IntervalFigures;
 use mamba2_data::trade::{skill, TradeFigures, TradeTable};
 use mamba2_data::ErrorTable;
+use mamba2_train::QuantileTables;
 use serde_json::{json, Value};
 
 /// One row of figures: errors, skill over Repeat, and the trading figures.
@@ -78,5 +81,61 @@ pub fn print(errors: &ErrorTable, repeat: &ErrorTable, trades: &TradeTable, data
          value; hit rate: share of positions whose sign was right; strategy: sum of sign x realised return{}, {data_units}{})",
         if trades.cost_bps > 0.0 { format!(" - {} bp of the last value per position", trades.cost_bps) } else { String::new() },
         if h > 1 { "; `all` averages the steps' IC and strategy; every step is in the JSON file" } else { "" }
+    );
+}
+
+/// One row of quantile figures as JSON: per central interval its nominal and observed coverage
+/// and mean width, the share below each level, the mean pinball loss.
+fn quantile_row(f: &IntervalFigures, levels: &[f64]) -> Value {
+    let intervals: Vec<Value> =
+        f.intervals.iter().map(|&(nominal, coverage, width)| json!({"nominal": nominal, "coverage": coverage, "width": width})).collect();
+    let below: Vec<Value> = levels.iter().zip(&f.below).map(|(&q, &b)| json!({"level": q, "observed": b})).collect();
+    json!({"pinball": f.pinball, "intervals": intervals, "below": below})
+}
+
+/// The quantile figures of the model and of conformal Repeat, `(overall, per step)`, as JSON.
+pub fn quantile_json(q: &QuantileTables) -> (Value, Value) {
+    let (m, r) = (&q.model, &q.repeat);
+    let both = |a: IntervalFigures, b: IntervalFigures| json!({"model": quantile_row(&a, &m.levels), "conformal_repeat": quantile_row(&b, &r.levels)});
+    let steps: Vec<Value> = (0..m.horizon)
+        .map(|k| {
+            let mut v = both(m.step(k), r.step(k));
+            v["step"] = (k + 1).into();
+            v
+        })
+        .collect();
+    let mut overall = both(m.total(), r.total());
+    overall["levels"] = json!(m.levels);
+    (overall, Value::Array(steps))
+}
+
+/// The quantile figures at the same steps as [`print`]'s table: the widest central interval's
+/// coverage and width, and the pinball loss, for the model and conformal Repeat.
+pub fn print_quantiles(q: &QuantileTables) {
+    let (m, r) = (&q.model, &q.repeat);
+    let h = m.horizon;
+    let mut steps = vec![0, h / 3, 2 * h / 3, h - 1];
+    steps.dedup();
+    steps.retain(|&k| k < h);
+    let nominal = m.total().intervals.first().map(|i| i.0);
+    let head = nominal.map_or("-".to_string(), |n| format!("{:.0} % interval", 100.0 * n));
+    println!("  {:<8} {:>22} {:>22} {:>22}", "step", format!("{head}: covers"), "width", "pinball loss");
+    println!("  {:<8} {:>11}{:>11} {:>11}{:>11} {:>11}{:>11}", "", "mamba2", "c. Repeat", "mamba2", "c. Repeat", "mamba2", "c. Repeat");
+    let line = |name: String, a: IntervalFigures, b: IntervalFigures| {
+        let cov = |f: &IntervalFigures| f.intervals.first().map_or("-".to_string(), |i| format!("{:.1} %", 100.0 * i.1));
+        let wid = |f: &IntervalFigures| f.intervals.first().map_or("-".to_string(), |i| format!("{:.4}", i.2));
+        println!("  {:<8} {:>11}{:>11} {:>11}{:>11} {:>11.4}{:>11.4}", name, cov(&a), cov(&b), wid(&a), wid(&b), a.pinball, b.pinball);
+    };
+    for &k in &steps {
+        line(format!("{}", k + 1), m.step(k), r.step(k));
+    }
+    if h > 1 {
+        line("all".into(), m.total(), r.total());
+    }
+    let levels: Vec<String> = m.levels.iter().map(|q| format!("{q}")).collect();
+    println!(
+        "  (quantiles at {}; covers: share of actual values inside the interval; width and pinball loss (mean over the \
+         levels) in scaled units; c. Repeat: the last value with its validation errors' quantiles per step)",
+        levels.join(", ")
     );
 }

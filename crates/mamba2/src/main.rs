@@ -16,11 +16,12 @@ use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use mamba2::plot::{draw, Chart, Line};
+use mamba2::plot::{draw, Band, Chart, Line, BAND_RGB};
 use mamba2_data::calendar::Calendar;
+use mamba2_data::quantile::{central_pairs, level_name, Calibration};
 use mamba2_data::{repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_forecast::features::Truth;
-use mamba2_forecast::{ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
+use mamba2_forecast::{series_major_to_rows, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::{trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
@@ -237,6 +238,10 @@ struct TrainArgs {
     /// Cost of taking a position in the trading figures, in basis points of the last value.
     #[arg(long, default_value_t = 0.0)]
     cost_bps: f64,
+    /// Quantile levels forecast beside each point (shares, comma-separated), calibrated on the
+    /// validation split; q and 1 - q make a central interval.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.9")]
+    quantiles: Vec<f64>,
     // The help is an attribute, not a doc comment: rustdoc would read `<data file name>` as HTML.
     #[arg(long, help = "Output directory (checkpoints, metrics.jsonl, plots) [default: runs/<data file name>]")]
     out: Option<PathBuf>,
@@ -339,11 +344,11 @@ fn wgpu_adapter() -> Result<()> {
 /// Runs `$body` with `$I` bound to the inference backend the flags select and the checkpoint at
 /// `$path` loaded on it (see [`load_model`]), for the commands that use a trained model.
 macro_rules! with_model {
-    ($b:expr, $path:expr, $I:ident, ($model:ident, $scaler:ident, $spec:ident, $device:ident), $body:block) => {
+    ($b:expr, $path:expr, $I:ident, ($model:ident, $scaler:ident, $spec:ident, $cal:ident, $device:ident), $body:block) => {
         with_backend!($b, B, {
             type $I = <B as AutodiffBackend>::InnerBackend;
             let $device = Default::default();
-            let ($model, $scaler, $spec) = load_model::<$I>($path, &$device)?;
+            let ($model, $scaler, $spec, $cal) = load_model::<$I>($path, &$device)?;
             $body
         })
     };
@@ -476,6 +481,7 @@ fn configure(a: &TrainArgs, table: &Table) -> Result<(ForecasterConfig, TrainCon
         seed: a.seed,
         stride: a.stride,
         repeat_check: !a.no_repeat_check,
+        quantiles: a.quantiles.clone(),
         loss_from: a.loss_from,
         loss_every: a.loss_every,
         ema: match a.ema {
@@ -569,6 +575,9 @@ fn train_one(
         if let Some(b) = &summary.blend {
             println!("{}", b.describe());
         }
+        if let Some(c) = &summary.calibration {
+            println!("{}", calibration_line(c));
+        }
         let mut summary_json = info.json();
         summary_json["best_epoch"] = summary.best_epoch.into();
         summary_json["epochs_run"] = summary.history.len().into();
@@ -581,6 +590,13 @@ fn train_one(
             summary_json["val_seasonal"] = serde_json::json!({"period": p, "mse": m, "mae": e});
         }
         summary_json["blend"] = serde_json::to_value(&summary.blend)?;
+        if let Some(c) = &summary.calibration {
+            let iv = &c.model;
+            summary_json["calibration"] = serde_json::json!({
+                "levels": iv.levels, "scale": iv.scale, "window": iv.window, "per_target": iv.per_target,
+                "floor": iv.floor, "windows": c.windows, "candidates": c.candidates,
+            });
+        }
         loss_plot(out, &summary.history, summary.best_epoch)?;
         if a.no_test {
             let secs = started.elapsed().as_secs_f64();
@@ -592,7 +608,9 @@ fn train_one(
         }
         let repeat = repeat_table(&test, &data.targets, 32);
         let units = data.targets.iter().map(|&j| (data.scaler.mean[j], data.scaler.std[j])).collect();
-        let (errors, trades) = trade_table(&loaded.module, &test, &data.clock, test.len() / 32 * 32, 32, units, a.cost_bps, &device)?;
+        let calibration = summary.calibration.as_ref();
+        let (errors, trades, quantiles) =
+            trade_table(&loaded.module, &test, &data.clock, test.len() / 32 * 32, 32, units, a.cost_bps, calibration, &device)?;
         let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         let secs = started.elapsed().as_secs_f64();
         println!("wall time {secs:.0} s");
@@ -606,6 +624,10 @@ fn train_one(
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
         println!("test against Repeat, per forecast step:");
         figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
+        if let Some(q) = &quantiles {
+            println!("test quantiles beside conformal Repeat, per forecast step:");
+            figures::print_quantiles(q);
+        }
         // The same errors in each column's own units: the scaler divided column j by std_j.
         println!("test per column, in the data's units:");
         let mut units = Vec::new();
@@ -633,9 +655,19 @@ fn train_one(
         summary_json["test_per_step"] = per_step;
         summary_json["cost_bps"] = a.cost_bps.into();
         summary_json["test_per_column"] = units.into();
+        if let Some(q) = &quantiles {
+            let (overall, per_step) = figures::quantile_json(q);
+            summary_json["test_quantiles"] = overall;
+            summary_json["test_quantiles_per_step"] = per_step;
+        }
         mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
-        test_plots(out, &loaded.module, &test, data, (&errors, &repeat), &device)?;
-        println!("{}", wrote(out, &["loss.png", "forecast.png", "error_by_step.png"]));
+        test_plots(out, &loaded.module, &test, data, (&errors, &repeat), calibration, &device)?;
+        let mut plots = vec!["loss.png", "forecast.png", "error_by_step.png"];
+        if let Some(q) = &quantiles {
+            reliability_plot(out, q)?;
+            plots.push("reliability.png");
+        }
+        println!("{}", wrote(out, &plots));
         Ok((mse, mae))
     })
 }
@@ -846,6 +878,7 @@ fn loss_plot(out: &Path, history: &[mamba2_train::EpochRecord], best_epoch: usiz
             ],
             marks: vec![(best_epoch as f64, format!("best epoch ({best_epoch}): best.ckpt"))],
             integer_x: true,
+            bands: Vec::new(),
         },
         720,
         420,
@@ -862,9 +895,25 @@ fn test_plots<B: burn::prelude::Backend>(
     test: &Windows,
     data: &Prepared,
     (errors, repeat): (&ErrorTable, &ErrorTable),
+    calibration: Option<&Calibration>,
     device: &B::Device,
 ) -> Result<()> {
     let (l, h) = (test.lookback, test.horizon);
+    // The widest central interval of the last target's quantiles after the window starting at
+    // `s`, for the point forecasts of every target, `[step][target]`.
+    let pair = calibration.and_then(|c| central_pairs(&c.model.levels).first().copied());
+    let interval = |s: usize, point: &[f64]| -> Option<Vec<(f64, f64)>> {
+        let (c, (a, b, _)) = (calibration?, pair?);
+        let iv = &c.model;
+        let origin = s + l - 1;
+        let from = (origin + 1).saturating_sub(iv.memory());
+        let recent: Vec<Vec<f64>> =
+            model.target_indices().iter().map(|&j| test.rows[from..=origin].iter().map(|r| r[j]).collect()).collect();
+        let q = iv.quantiles(point, |t| &recent[t]);
+        let (t_n, n_q) = (model.target_indices().len(), iv.levels.len());
+        Some((0..h).map(|k| (q[(k * t_n + t_n - 1) * n_q + a], q[(k * t_n + t_n - 1) * n_q + b])).collect())
+    };
+    let mut band: Vec<(f64, f64, f64)> = Vec::new();
     let t = model.target_indices().len();
     let j = *model.target_indices().last().expect("a model has a target");
     let name = model.spec().targets.last().expect("a model has a target").clone();
@@ -879,6 +928,11 @@ fn test_plots<B: burn::prelude::Backend>(
         let pred = to_f64_vec(model.forward(&hb.into_device(1, device))?);
         forecast_title = format!("{name}: one-step forecasts over the first {n} test rows");
         let pick = |v: &[f64]| (0..n).map(|w| (w as f64 + 1.0, units(v[w * t + t - 1]))).collect();
+        for w in 0..n {
+            if let Some(iv) = interval(test.starts[w], &pred[w * t..(w + 1) * t]) {
+                band.push((w as f64 + 1.0, units(iv[0].0), units(iv[0].1)));
+            }
+        }
         (pick(&truth), pick(&pred))
     } else {
         let s = test.starts[0];
@@ -886,9 +940,14 @@ fn test_plots<B: burn::prelude::Backend>(
         let pred = to_f64_vec(model.forward(&hb.into_device(h, device))?);
         forecast_title = format!("{name}: the forecast after the first test window (L {l}, H {h})");
         let actual = (0..l + h).map(|i| (i as f64 - (l as f64 - 1.0), units(test.rows[s + i][j]))).collect();
+        if let Some(iv) = interval(s, &series_major_to_rows(&pred, t, h)) {
+            band = iv.iter().enumerate().map(|(k, &(lo, hi))| ((k + 1) as f64, units(lo), units(hi))).collect();
+        }
         (actual, pred[pred.len() - h..].iter().enumerate().map(|(k, &v)| ((k + 1) as f64, units(v))).collect())
     };
     let x_label = if h == 1 { "test row" } else { "rows after the last one the model saw" };
+    let band_label = pair.map_or(String::new(), |(_, _, nominal)| format!("{:.0} % interval", 100.0 * nominal));
+
     draw(
         &out.join("forecast.png"),
         &Chart {
@@ -898,6 +957,7 @@ fn test_plots<B: burn::prelude::Backend>(
             lines: vec![line("actual", actual, [0, 0, 0], false), line("forecast", forecast, [214, 39, 40], false)],
             marks: if h == 1 { Vec::new() } else { vec![(0.0, "the last row the model saw".into())] },
             integer_x: true,
+            bands: if band.is_empty() { Vec::new() } else { vec![Band { label: &band_label, points: band, rgb: BAND_RGB }] },
         },
         720,
         420,
@@ -912,6 +972,7 @@ fn test_plots<B: burn::prelude::Backend>(
             lines: vec![line("mamba2", by_step(errors), [214, 39, 40], false), line("Repeat", by_step(repeat), [127, 127, 127], true)],
             marks: Vec::new(),
             integer_x: true,
+            bands: Vec::new(),
         },
         720,
         420,
@@ -919,12 +980,65 @@ fn test_plots<B: burn::prelude::Backend>(
     Ok(())
 }
 
+/// `reliability.png`: for each quantile level, the share of test values at or below the
+/// forecast quantile, the model's and conformal Repeat's, beside the diagonal a calibrated
+/// forecast follows.
+fn reliability_plot(out: &Path, q: &mamba2_train::QuantileTables) -> Result<()> {
+    let levels = &q.model.levels;
+    let observed = |t: &mamba2_data::quantile::IntervalTable| levels.iter().copied().zip(t.total().below).collect::<Vec<_>>();
+    let ideal = [0.0, 1.0].iter().map(|&x| (x, x)).collect();
+    let mut lines = vec![
+        line("calibrated (observed = nominal)", ideal, [170, 170, 170], true),
+        line("conformal Repeat", observed(&q.repeat), [127, 127, 127], false),
+        line("mamba2", observed(&q.model), [214, 39, 40], false),
+    ];
+    for l in &mut lines[1..] {
+        l.markers = true;
+    }
+    draw(
+        &out.join("reliability.png"),
+        &Chart {
+            title: "Test reliability of the quantile forecasts",
+            x_label: "quantile level (nominal share at or below)",
+            y_label: "observed share at or below (all targets and steps)",
+            lines,
+            marks: Vec::new(),
+            integer_x: false,
+            bands: Vec::new(),
+        },
+        560,
+        520,
+    )?;
+    Ok(())
+}
+
+/// One line on how the quantiles were calibrated.
+fn calibration_line(c: &Calibration) -> String {
+    let levels: Vec<String> = c.model.levels.iter().map(|q| format!("{q}")).collect();
+    let chosen = c
+        .candidates
+        .iter()
+        .find(|k| k.scale == c.model.scale && k.window == c.model.window && k.per_target == c.model.per_target)
+        .map_or(f64::NAN, |k| k.pinball);
+    let plain = c.candidates.first().map_or(f64::NAN, |k| k.pinball);
+    format!(
+        "quantiles {} from the validation errors: {} (of {} ways to scale, the lowest pinball loss on validation's second          half when fitted on its first: {chosen:.4}, against {plain:.4} unscaled); refitted on all {} windows",
+        levels.join(", "),
+        c.model.describe(),
+        c.candidates.len(),
+        c.windows
+    )
+}
+
 /// A checkpoint opened for `eval`, `predict` and `stream`: the model, the scaler it was trained
-/// with, and what it reads and predicts.
-fn load_model<B: burn::prelude::Backend>(path: &Path, device: &B::Device) -> Result<(Forecaster<B>, Scaler, ForecastSpec)> {
-    let mamba2_forecast::Opened { model, scaler, .. } = mamba2_forecast::open_forecaster::<B>(path, device)?;
+/// with, what it reads and predicts, and its quantile calibration where it has one.
+fn load_model<B: burn::prelude::Backend>(
+    path: &Path,
+    device: &B::Device,
+) -> Result<(Forecaster<B>, Scaler, ForecastSpec, Option<Calibration>)> {
+    let mamba2_forecast::Opened { model, scaler, calibration, .. } = mamba2_forecast::open_forecaster::<B>(path, device)?;
     let spec = model.spec().clone();
-    Ok((model, scaler, spec))
+    Ok((model, scaler, spec, calibration))
 }
 
 /// Each row's calendar clock: whole sampling intervals since the epoch where the data has a
@@ -955,17 +1069,24 @@ fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
 }
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
-    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
         check_cost_bps(a.cost_bps)?;
         let units = targets.iter().map(|&j| (scaler.mean[j], scaler.std[j])).collect();
-        let (errors, trades) = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, &device)?;
+        let (errors, trades, quantiles) = trade_table(&model, &w, &clock, w.len(), 32, units, a.cost_bps, calibration.as_ref(), &device)?;
         let repeat = repeat_table(&w, targets, 1);
         let ((mse, mae), (rmse, rmae)) = (errors.total().mse_mae(), repeat.total().mse_mae());
         println!("{} windows (normalised units): mamba2 MSE {mse:.6} MAE {mae:.6}; Repeat MSE {rmse:.6} MAE {rmae:.6}", w.len());
         figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
+        match &quantiles {
+            Some(q) => {
+                println!("quantiles beside conformal Repeat, per forecast step:");
+                figures::print_quantiles(q);
+            }
+            None => println!("no quantiles: the checkpoint holds no calibration (written before quantiles existed)"),
+        }
         if let Some(from) = a.continuous_from {
             let (cm, ca) =
                 mamba2_train::evaluate_continuous(&model, &rows, &clock, (from.saturating_sub(spec.lookback), rows.len()), &device)?;
@@ -975,34 +1096,76 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
     Ok(())
 }
 
-/// One line per predicted step, `{prefix}{step},{value per target}`, in the data's own units;
-/// `targets` holds each target's feature column (the scaler is per feature).
-fn print_forecast(out: &mut impl Write, pred: &[f64], targets: &[usize], scaler: &Scaler, prefix: &str) -> Result<()> {
-    for (k, step) in pred.chunks(targets.len().max(1)).enumerate() {
-        let vals: Vec<String> = step.iter().zip(targets).map(|(v, &j)| format!("{}", scaler.inverse(j, *v))).collect();
+/// One line per predicted step, `{prefix}{step},{value per target}` and then each target's
+/// quantiles (`[step][target][level]`, where there are any), in the data's own units; `targets`
+/// holds each target's feature column (the scaler is per feature).
+fn print_forecast(
+    out: &mut impl Write,
+    pred: &[f64],
+    quantiles: Option<&[f64]>,
+    targets: &[usize],
+    scaler: &Scaler,
+    prefix: &str,
+) -> Result<()> {
+    let t_n = targets.len().max(1);
+    for (k, step) in pred.chunks(t_n).enumerate() {
+        let mut vals: Vec<String> = step.iter().zip(targets).map(|(v, &j)| format!("{}", scaler.inverse(j, *v))).collect();
+        if let Some(q) = quantiles {
+            let per = q.len() / pred.len().max(1);
+            for (t, &j) in targets.iter().enumerate() {
+                let at = (k * t_n + t) * per;
+                vals.extend(q[at..at + per].iter().map(|v| format!("{}", scaler.inverse(j, *v))));
+            }
+        }
         writeln!(out, "{prefix}{},{}", k + 1, vals.join(","))?;
     }
     Ok(())
 }
 
+/// The forecast columns' header: the targets, then each target's quantiles (`OT_q10`).
+fn forecast_header(targets: &[String], calibration: Option<&Calibration>) -> String {
+    let mut cols = targets.to_vec();
+    if let Some(c) = calibration {
+        for t in targets {
+            cols.extend(c.model.levels.iter().map(|&q| format!("{t}_{}", level_name(q))));
+        }
+    }
+    cols.join(",")
+}
+
 fn cmd_predict(a: UseArgs) -> Result<()> {
-    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let pred = model.forecast_history(&rows, &clock, &device)?;
+        // Each target's last values, for its quantiles' local scale.
+        let quantiles = calibration.as_ref().map(|c| {
+            let iv = &c.model;
+            let from = rows.len().saturating_sub(iv.memory());
+            let recent: Vec<Vec<f64>> = model.target_indices().iter().map(|&j| rows[from..].iter().map(|r| r[j]).collect()).collect();
+            iv.quantiles(&pred, |t| &recent[t])
+        });
         let mut out = std::io::stdout().lock();
-        writeln!(out, "step,{}", spec.targets.join(","))?;
-        print_forecast(&mut out, &pred, model.target_indices(), &scaler, "")?;
+        writeln!(out, "step,{}", forecast_header(&spec.targets, calibration.as_ref()))?;
+        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), &scaler, "")?;
     });
     Ok(())
 }
 
 fn cmd_stream(a: StreamArgs) -> Result<()> {
-    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, device), {
+    with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let _ = &device;
+        let c = calibration.as_ref();
         match a.backend.dtype {
-            DtypeArg::F64 => stream_rows(ForecastStream::<f64>::new(&model), &model, &scaler, &spec, &a),
-            DtypeArg::F32 => stream_rows(ForecastStream::<f32>::new(&model), &model, &scaler, &spec, &a),
+            DtypeArg::F64 => stream_rows(with_intervals(ForecastStream::<f64>::new(&model), c)?, &model, &scaler, &spec, c, &a),
+            DtypeArg::F32 => stream_rows(with_intervals(ForecastStream::<f32>::new(&model), c)?, &model, &scaler, &spec, c, &a),
         }
+    })
+}
+
+fn with_intervals<T: mamba2_model::HostFloat>(stream: ForecastStream<T>, c: Option<&Calibration>) -> Result<ForecastStream<T>> {
+    Ok(match c {
+        Some(c) => stream.with_intervals(c.model.clone())?,
+        None => stream,
     })
 }
 
@@ -1012,13 +1175,14 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     model: &Forecaster<B>,
     scaler: &Scaler,
     spec: &ForecastSpec,
+    calibration: Option<&Calibration>,
     a: &StreamArgs,
 ) -> Result<()> {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "row,step,{}", spec.targets.join(","))?;
+    writeln!(out, "row,step,{}", forecast_header(&spec.targets, calibration))?;
     for (i, line) in lines.enumerate() {
         let line = line?;
         if line.trim().is_empty() {
@@ -1040,7 +1204,8 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         };
         let row = scaler.transform_row(&table.rows[0], &spec.features, &format!("stdin line {}", i + 2))?;
         let pred = stream.push(&row, clock)?;
-        print_forecast(&mut out, &pred, model.target_indices(), scaler, &format!("{},", i + 1))?;
+        let quantiles = stream.quantiles(&pred);
+        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), scaler, &format!("{},", i + 1))?;
         out.flush()?;
     }
     Ok(())

@@ -24,6 +24,21 @@ pub struct Line<'a> {
     pub dashed: bool,
 }
 
+/// The colour of the forecast interval in `forecast.png`: a light tint of the forecast's red.
+pub const BAND_RGB: [u8; 3] = [246, 196, 196];
+
+/// A shaded band between two curves over the same x values (a forecast interval), drawn under
+/// the lines in one opaque colour.
+#[derive(Debug, Clone)]
+pub struct Band<'a> {
+    /// Its name in the legend.
+    pub label: &'a str,
+    /// `(x, lower, upper)`; non-finite ones are left out.
+    pub points: Vec<(f64, f64, f64)>,
+    /// Its colour (opaque: a light tint of the line it belongs to).
+    pub rgb: [u8; 3],
+}
+
 /// A chart: lines over shared axes, and labelled vertical marks.
 #[derive(Debug, Clone, Default)]
 pub struct Chart<'a> {
@@ -40,6 +55,14 @@ pub struct Chart<'a> {
     pub marks: Vec<(f64, String)>,
     /// The x values are whole numbers (epochs, steps): only those get ticks.
     pub integer_x: bool,
+    /// Bands drawn under the lines.
+    pub bands: Vec<Band<'a>>,
+}
+
+impl Band<'_> {
+    fn finite(&self) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
+        self.points.iter().copied().filter(|(x, a, b)| x.is_finite() && a.is_finite() && b.is_finite())
+    }
 }
 
 fn register_font() {
@@ -63,7 +86,21 @@ fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 /// clear of them is clear of the lines too, not only of their markers.
 fn traced(chart: &Chart) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
-    for l in &chart.lines {
+    let edges: Vec<Line> = chart
+        .bands
+        .iter()
+        .flat_map(|b| {
+            let edge = |upper: bool| Line {
+                label: "",
+                points: b.finite().map(|(x, lo, hi)| (x, if upper { hi } else { lo })).collect(),
+                rgb: b.rgb,
+                markers: false,
+                dashed: false,
+            };
+            [edge(false), edge(true)]
+        })
+        .collect();
+    for l in chart.lines.iter().chain(&edges) {
         let pts: Vec<(f64, f64)> = l.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
         out.extend(pts.windows(2).flat_map(|w| {
             let ((xa, ya), (xb, yb)) = (w[0], w[1]);
@@ -114,7 +151,9 @@ pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), P
     if !(min..=max).contains(&width) || !(min..=max).contains(&height) {
         return Err(fail(format!("size {width} x {height} is outside {min}..={max} pixels per side")));
     }
-    let points = || chart.lines.iter().flat_map(|l| l.points.iter().copied()).filter(|(x, y)| x.is_finite() && y.is_finite());
+    let band_points = || chart.bands.iter().flat_map(|b| b.finite().flat_map(|(x, lo, hi)| [(x, lo), (x, hi)]));
+    let points =
+        || chart.lines.iter().flat_map(|l| l.points.iter().copied()).filter(|(x, y)| x.is_finite() && y.is_finite()).chain(band_points());
     let (x0, x1) = bounds(points().map(|p| p.0).chain(chart.marks.iter().map(|m| m.0))).ok_or_else(|| fail("nothing to draw".into()))?;
     let y = bounds(points().map(|p| p.1)).ok_or_else(|| fail("nothing to draw".into()))?;
     let (legend, (y0, y1)) = legend_place(&traced(chart), (x0, x1), y);
@@ -150,6 +189,24 @@ pub fn draw(path: &Path, chart: &Chart, width: u32, height: u32) -> Result<(), P
             .draw()
             .map_err(e)?;
         let mut labelled = false;
+        for b in &chart.bands {
+            let color = RGBColor(b.rgb[0], b.rgb[1], b.rgb[2]);
+            let pts: Vec<(f64, f64, f64)> = b.finite().collect();
+            // A single point has no area: a vertical bar shows it.
+            if pts.len() == 1 {
+                let (x, lo, hi) = pts[0];
+                c.draw_series(std::iter::once(PathElement::new(vec![(x, lo), (x, hi)], color.stroke_width(6)))).map_err(e)?;
+            }
+            // One quadrilateral per segment: a polygon of the whole band could fold over itself.
+            let quad = |w: &[(f64, f64, f64)]| {
+                Polygon::new(vec![(w[0].0, w[0].1), (w[1].0, w[1].1), (w[1].0, w[1].2), (w[0].0, w[0].2)], color.filled())
+            };
+            let anno = c.draw_series(pts.windows(2).map(quad)).map_err(e)?;
+            if !b.label.is_empty() {
+                labelled = true;
+                anno.label(b.label).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 18, y + 5)], color.filled()));
+            }
+        }
         for l in &chart.lines {
             let color = RGBColor(l.rgb[0], l.rgb[1], l.rgb[2]);
             let pts: Vec<(f64, f64)> = l.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
@@ -251,6 +308,7 @@ mod tests {
             ],
             marks: vec![(2.0, "best".into())],
             integer_x: false,
+            bands: Vec::new(),
         };
         draw(&path, &chart, 480, 320).unwrap();
         let (w, h, rgb) = read_png(&path).unwrap();

@@ -102,6 +102,7 @@ impl Reporter {
                     if best { "  best so far" } else { "" }
                 );
             }
+            Progress::Calibrating => {}
             Progress::EarlyStop { best_epoch } => {
                 if !self.json {
                     println!("early stop: no better validation MSE in the epochs after epoch {best_epoch}");

@@ -166,6 +166,10 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
     };
     let edited_horizon = edited("horizon.ckpt", "/config/spec/horizon", serde_json::json!(u64::MAX));
     let too_wide = edited("wide.ckpt", "/config/backbone/d_model", serde_json::json!(4096));
+    // Quantiles that cross (the median above the upper quantile), and a calibration made for
+    // another horizon.
+    let crossing = edited("crossing.ckpt", "/meta/calibration/model/z/1", serde_json::json!(1e9));
+    let other_horizon = edited("horizon_q.ckpt", "/meta/calibration/repeat/horizon", serde_json::json!(5));
     let a_file = write("a_file", "x");
 
     let g = good.to_str().unwrap();
@@ -331,6 +335,23 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ("existing run without --resume", vec!["train", "--data", g, "--lookback", "12", "--horizon", "3", "--out"], "already holds a run"),
         ("non-numeric flag", vec!["train", "--data", g, "--batch-size", "many"], "invalid value 'many'"),
         ("negative cost", vec!["train", "--data", g, "--cost-bps=-3"], "--cost-bps -3 is not a cost"),
+        ("quantile level of 1.5", vec!["train", "--data", g, "--quantiles", "0.1,1.5"], "quantile level 1.5 is outside (0, 1)"),
+        (
+            "quantile levels out of order",
+            vec!["train", "--data", g, "--quantiles", "0.9,0.1"],
+            "quantile levels must increase: 0.9 then 0.1",
+        ),
+        ("non-numeric quantile level", vec!["train", "--data", g, "--quantiles", "0.1,median"], "invalid value 'median'"),
+        (
+            "checkpoint whose quantiles cross",
+            vec!["predict", "--checkpoint", crossing.to_str().unwrap(), "--data", g],
+            "its intervals' quantiles are not finite and increasing",
+        ),
+        (
+            "checkpoint whose calibration has another horizon",
+            vec!["stream", "--checkpoint", other_horizon.to_str().unwrap()],
+            "its intervals are for 3 targets and 5 steps, the model has 3 and 3",
+        ),
         ("backtest: zero folds", vec!["backtest", "--data", g, "--folds", "0", "--lookback", "12", "--horizon", "3"], "0 folds"),
         (
             "backtest: folds of zero rows",
@@ -539,8 +560,28 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
     }
     let streamed = child.wait_with_output().unwrap();
     assert!(streamed.status.success());
-    let streamed = parse_rows(&String::from_utf8_lossy(&streamed.stdout), 0);
+    let streamed_text = String::from_utf8_lossy(&streamed.stdout).to_string();
+    let streamed = parse_rows(&streamed_text, 0);
     assert_eq!(streamed.len(), test_rows.len() * 3, "one forecast of 3 steps per row");
+    // The point forecast of each target, then its quantiles at the default levels; they never
+    // cross.
+    let columns: Vec<&str> = streamed_text.lines().next().unwrap().split(',').collect();
+    let targets = columns.iter().skip(2).take_while(|c| !c.contains("_q")).count();
+    assert!(targets >= 1);
+    for (t, name) in columns[2..2 + targets].iter().enumerate() {
+        let at = 2 + targets + 3 * t;
+        assert_eq!(columns[at..at + 3], [format!("{name}_q10"), format!("{name}_q50"), format!("{name}_q90")], "{columns:?}");
+    }
+    assert_eq!(columns.len(), 2 + 4 * targets, "{columns:?}");
+    let mut widths = 0.0;
+    for r in &streamed {
+        for t in 0..targets {
+            let q = &r[2 + targets + 3 * t..2 + targets + 3 * t + 3];
+            assert!(q[0] <= q[1] && q[1] <= q[2], "quantiles cross: {r:?}");
+            widths += q[2] - q[0];
+        }
+    }
+    assert!(widths > 0.0, "every interval is a point");
 
     let mut worst = 0.0f64;
     for k in [1usize, 2, 5, 17, 40, test_rows.len()] {
@@ -550,6 +591,7 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let predicted = parse_rows(&String::from_utf8_lossy(&o.stdout), 1);
         for (step, p) in predicted.iter().enumerate() {
+            assert_eq!(p.len(), 4 * targets, "predict prints the quantile columns too");
             let s = &streamed[(k - 1) * 3 + step];
             assert_eq!(s[0] as usize, k);
             assert_eq!(s[1] as usize, step + 1);
@@ -609,7 +651,7 @@ fn pixels_of(rgb: &[u8], c: [u8; 3]) -> usize {
 /// epoch (the loss as markers).
 #[test]
 fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
-    use mamba2::plot::{has_axes_and, read_png};
+    use mamba2::plot::{has_axes_and, read_png, BAND_RGB};
     let dir = scratch("png");
     let csv = dir.join("data.csv");
     std::fs::write(&csv, synthetic_csv(1200)).unwrap();
@@ -635,7 +677,14 @@ fn the_charts_have_axes_and_every_line_for_h96_h1_and_one_epoch() {
             for c in colours {
                 assert!(pixels_of(&rgb, c) >= 20, "{name}/{file}: only {} pixels of {c:?}", pixels_of(&rgb, c));
             }
+            // The forecast's 80 % interval is a band, not a line: an area of its colour.
+            if file == "forecast.png" {
+                let band = pixels_of(&rgb, BAND_RGB);
+                assert!(band >= 1000, "{name}/forecast.png: the interval band has only {band} pixels");
+            }
         }
+        let (w, h, rgb) = read_png(&out.join("reliability.png")).unwrap_or_else(|e| panic!("{name}/reliability.png: {e}"));
+        assert!(has_axes_and(&rgb, w, h, &[red, grey]), "{name}/reliability.png: axes or a line missing");
     }
 }
 
@@ -1072,7 +1121,17 @@ fn backtest_of_one_fold_without_refit_equals_eval() {
     std::fs::write(&sliced, format!("{}\n{}\n", lines[0], lines[1 + 300 - 12..].join("\n"))).unwrap();
     let o = run(bin().args(["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", sliced.to_str().unwrap(), "--dtype", "f64"]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let eval = String::from_utf8_lossy(&o.stdout).lines().next().unwrap().to_string();
+    let eval_out = String::from_utf8_lossy(&o.stdout).to_string();
+    let eval = eval_out.lines().next().unwrap().to_string();
+    // Both report the quantiles beside conformal Repeat (their scales read different histories:
+    // the sliced file starts L rows before the fold).
+    assert!(eval_out.contains("quantiles beside conformal Repeat"), "{eval_out}");
+    for q in [&bt["overall_quantiles"], &bt["folds"][0]["quantiles"]] {
+        for who in ["model", "conformal_repeat"] {
+            let c = q[who]["intervals"][0]["coverage"].as_f64().unwrap_or(f64::NAN);
+            assert!((0.0..=1.0).contains(&c) && q[who]["pinball"].as_f64().unwrap() > 0.0, "{q}");
+        }
+    }
     let f = |k: &str| bt["overall"][k].as_f64().unwrap();
     let want = format!(
         "{} windows (normalised units): mamba2 MSE {:.6} MAE {:.6}; Repeat MSE {:.6} MAE {:.6}",

@@ -1,0 +1,596 @@
+//! Forecast quantiles from calibrated errors (split conformal prediction), and the figures that
+//! judge them: coverage of each central interval, its width, and the pinball loss.
+//!
+//! A forecast's quantile at level `q`, `h` steps ahead, is `point + s * z(q, h)`: `z` is the
+//! empirical `q`-quantile of the errors `(actual - point) / s` on the validation split, and `s`
+//! is a local scale known when the forecast is made (how much the series moved over its last
+//! rows, or 1). Quantiles are per step, since errors grow with the step; per target or pooled
+//! over the targets. Which scale, window and grouping a run uses is chosen on validation alone:
+//! each candidate is fitted on the first half of the validation windows and scored by its
+//! pinball loss on the second half ([`choose_intervals`]).
+//!
+//! Quantiles never cross: the empirical quantile function is non-decreasing in `q`, and `s` is
+//! positive.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DataError, Windows};
+
+/// What a forecast's errors are divided by before their quantiles are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleKind {
+    /// 1: the errors as they are.
+    Constant,
+    /// The standard deviation of the target's last `window` values (the origin's included).
+    LevelStd,
+    /// The mean absolute change between consecutive values over the target's last `window`
+    /// changes (a volatility).
+    AbsChange,
+}
+
+/// The candidates [`choose_intervals`] tries: a scale and its window in rows, each per target
+/// and pooled over the targets.
+pub const CANDIDATES: [(ScaleKind, usize); 7] = [
+    (ScaleKind::Constant, 0),
+    (ScaleKind::LevelStd, 24),
+    (ScaleKind::LevelStd, 96),
+    (ScaleKind::LevelStd, 336),
+    (ScaleKind::AbsChange, 24),
+    (ScaleKind::AbsChange, 96),
+    (ScaleKind::AbsChange, 336),
+];
+
+/// How a forecaster's point forecasts become quantiles: see the module documentation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intervals {
+    /// The levels, increasing, each in `(0, 1)`.
+    pub levels: Vec<f64>,
+    /// The local scale.
+    pub scale: ScaleKind,
+    /// Its window in rows (0 with [`ScaleKind::Constant`]).
+    pub window: usize,
+    /// Quantiles per target (else one set pooled over the targets).
+    pub per_target: bool,
+    /// The smallest scale used: a flat stretch of history must not collapse an interval to a
+    /// point. A thousandth of the median scale on the calibration windows.
+    pub floor: f64,
+    /// Targets of the forecaster.
+    pub targets: usize,
+    /// Its horizon.
+    pub horizon: usize,
+    /// `z`, `[group][step][level]`, the group being the target or 0 when pooled.
+    pub z: Vec<f64>,
+}
+
+/// A run's calibration, saved in `best.ckpt`: the model's intervals, conformal Repeat's (the
+/// baseline its figures are read beside), and how the model's were chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// The model's.
+    pub model: Intervals,
+    /// Repeat's: its validation errors' quantiles per target and step, unscaled.
+    pub repeat: Intervals,
+    /// Each candidate's mean pinball loss on the second half of validation when fitted on the
+    /// first, in [`CANDIDATES`] order, per target then pooled.
+    pub candidates: Vec<CandidateScore>,
+    /// Validation windows it was fitted on.
+    pub windows: usize,
+}
+
+/// See [`Calibration::candidates`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateScore {
+    /// The scale.
+    pub scale: ScaleKind,
+    /// Its window.
+    pub window: usize,
+    /// Per target or pooled.
+    pub per_target: bool,
+    /// Mean pinball loss (scaled units).
+    pub pinball: f64,
+    /// Observed coverage of the widest central interval, where there is one.
+    pub coverage: f64,
+}
+
+/// Checks quantile levels: each in `(0, 1)`, increasing, at most 99.
+pub fn check_levels(levels: &[f64]) -> Result<(), DataError> {
+    let fail = |why: String| Err(DataError::Config { why });
+    if levels.is_empty() || levels.len() > 99 {
+        return fail(format!("quantile levels: {} given; give 1 to 99 levels such as 0.1,0.5,0.9", levels.len()));
+    }
+    if let Some(q) = levels.iter().find(|q| !(**q > 0.0 && **q < 1.0)) {
+        return fail(format!("quantile level {q} is outside (0, 1); levels are shares such as 0.1,0.5,0.9"));
+    }
+    if let Some(w) = levels.windows(2).find(|w| w[1] <= w[0]) {
+        return fail(format!("quantile levels must increase: {} then {}", w[0], w[1]));
+    }
+    Ok(())
+}
+
+/// The central intervals among `levels`: pairs `(i, j)` of levels `q` and `1 - q` (to 1e-9),
+/// `q < 0.5`, widest first, with their nominal coverage `1 - 2 q`.
+pub fn central_pairs(levels: &[f64]) -> Vec<(usize, usize, f64)> {
+    let mut out = Vec::new();
+    for (i, &q) in levels.iter().enumerate().filter(|(_, q)| **q < 0.5) {
+        if let Some(j) = levels.iter().position(|&p| (p - (1.0 - q)).abs() < 1e-9) {
+            out.push((i, j, 1.0 - 2.0 * q));
+        }
+    }
+    out
+}
+
+/// The name of a level in a column header: `q10` for 0.1, `q2.5` for 0.025.
+pub fn level_name(q: f64) -> String {
+    let pct = (q * 100.0 * 1e6).round() / 1e6;
+    format!("q{pct}")
+}
+
+/// The local scale of a target from its most recent values (oldest first, the forecast's
+/// origin last), before the floor: see [`ScaleKind`]. Uses the last `window` values (`window + 1`
+/// for changes) or as many as there are; with fewer than two, 0.
+pub fn local_scale(kind: ScaleKind, window: usize, recent: &[f64]) -> f64 {
+    match kind {
+        ScaleKind::Constant => 1.0,
+        ScaleKind::LevelStd => {
+            let v = &recent[recent.len().saturating_sub(window)..];
+            if v.len() < 2 {
+                return 0.0;
+            }
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64).sqrt()
+        }
+        ScaleKind::AbsChange => {
+            let v = &recent[recent.len().saturating_sub(window + 1)..];
+            if v.len() < 2 {
+                return 0.0;
+            }
+            v.windows(2).map(|w| (w[1] - w[0]).abs()).sum::<f64>() / (v.len() - 1) as f64
+        }
+    }
+}
+
+/// The `q`-quantile of sorted values, linearly interpolated between order statistics (the
+/// usual definition, R's type 7).
+pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let h = (n - 1) as f64 * q;
+    let (lo, frac) = (h.floor() as usize, h - h.floor());
+    let hi = (lo + 1).min(n - 1);
+    sorted[lo] + frac * (sorted[hi] - sorted[lo])
+}
+
+/// The pinball (quantile) loss of the `q`-quantile `pred` when `actual` happened.
+pub fn pinball(q: f64, pred: f64, actual: f64) -> f64 {
+    let u = actual - pred;
+    if u >= 0.0 {
+        q * u
+    } else {
+        (q - 1.0) * u
+    }
+}
+
+impl Intervals {
+    /// How the quantiles scale, in words: `errors divided by the std of the last 96 values,
+    /// per target`.
+    pub fn describe(&self) -> String {
+        let scale = match self.scale {
+            ScaleKind::Constant => "errors as they are".to_string(),
+            ScaleKind::LevelStd => format!("errors divided by the std of the last {} values", self.window),
+            ScaleKind::AbsChange => format!("errors divided by the mean absolute change over the last {} rows", self.window),
+        };
+        format!("{scale}, {}", if self.per_target { "per target and step" } else { "per step, pooled over the targets" })
+    }
+
+    /// How many recent values of a target [`Intervals::scale_of`] reads.
+    pub fn memory(&self) -> usize {
+        match self.scale {
+            ScaleKind::Constant => 0,
+            ScaleKind::LevelStd => self.window,
+            ScaleKind::AbsChange => self.window + 1,
+        }
+    }
+
+    /// The scale a forecast after `recent` (a target's values, oldest first) uses.
+    pub fn scale_of(&self, recent: &[f64]) -> f64 {
+        local_scale(self.scale, self.window, recent).max(self.floor)
+    }
+
+    /// Writes the quantiles of target `t` into `out[step * Q + level]` for the point forecasts
+    /// `point[step]` made with scale `scale`.
+    pub fn fill(&self, t: usize, scale: f64, point: impl Iterator<Item = f64>, out: &mut [f64]) {
+        let q = self.levels.len();
+        let g = if self.per_target { t } else { 0 };
+        for (k, p) in point.enumerate().take(self.horizon) {
+            let z = &self.z[(g * self.horizon + k) * q..(g * self.horizon + k + 1) * q];
+            for (o, z) in out[k * q..(k + 1) * q].iter_mut().zip(z) {
+                *o = p + scale * z;
+            }
+        }
+    }
+
+    /// The quantiles of every target, `[step][target][level]`, for point forecasts
+    /// `[step][target]`, each target's scale read from `recent(t)`.
+    pub fn quantiles<'a>(&self, point: &[f64], recent: impl Fn(usize) -> &'a [f64]) -> Vec<f64> {
+        let (t_n, h, q) = (self.targets, self.horizon, self.levels.len());
+        let mut out = vec![0.0; h * t_n * q];
+        let mut one = vec![0.0; h * q];
+        for t in 0..t_n {
+            let s = self.scale_of(recent(t));
+            self.fill(t, s, (0..h).map(|k| point[k * t_n + t]), &mut one);
+            for k in 0..h {
+                out[(k * t_n + t) * q..(k * t_n + t + 1) * q].copy_from_slice(&one[k * q..(k + 1) * q]);
+            }
+        }
+        out
+    }
+
+    /// Checks what a checkpoint holds against the model it comes with: sizes, finite and
+    /// non-decreasing quantiles, a positive floor.
+    pub fn check(&self, targets: usize, horizon: usize) -> Result<(), String> {
+        check_levels(&self.levels).map_err(|e| e.to_string())?;
+        if self.targets != targets || self.horizon != horizon {
+            return Err(format!(
+                "its intervals are for {} targets and {} steps, the model has {targets} and {horizon}",
+                self.targets, self.horizon
+            ));
+        }
+        let groups = if self.per_target { targets } else { 1 };
+        let q = self.levels.len();
+        if self.z.len() != groups * horizon * q {
+            return Err(format!("its intervals hold {} values where {} are needed", self.z.len(), groups * horizon * q));
+        }
+        if self.scale != ScaleKind::Constant && !(1..=1_000_000).contains(&self.window) {
+            return Err(format!("its intervals' window {} is outside 1..=1000000", self.window));
+        }
+        if !(self.floor.is_finite() && self.floor > 0.0) {
+            return Err(format!("its intervals' scale floor {} is not positive", self.floor));
+        }
+        if self.z.iter().any(|z| !z.is_finite()) || self.z.chunks(q).any(|c| c.windows(2).any(|w| w[1] < w[0])) {
+            return Err("its intervals' quantiles are not finite and increasing".into());
+        }
+        Ok(())
+    }
+}
+
+/// What calibration reads: every validation forecast's errors and Repeat's, and each origin's
+/// local scales for every candidate.
+#[derive(Debug, Clone)]
+pub struct Residuals {
+    /// Targets.
+    pub targets: usize,
+    /// Steps.
+    pub horizon: usize,
+    /// `actual - forecast`, `[window][target][step]`.
+    errors: Vec<f64>,
+    /// `actual - last`, the same layout.
+    repeat: Vec<f64>,
+    /// Per candidate ([`CANDIDATES`]): the local scale before any floor, `[window][target]`.
+    scales: Vec<Vec<f64>>,
+}
+
+impl Residuals {
+    /// Room for the forecasts after the windows of `w` (target columns `targets`), with each
+    /// origin's local scales read from `w`'s rows; errors are added with [`Residuals::set`].
+    pub fn new(w: &Windows, targets: &[usize]) -> Self {
+        let longest = CANDIDATES.iter().map(|c| c.1 + 1).max().unwrap_or(1);
+        let mut scales = vec![Vec::with_capacity(w.len() * targets.len()); CANDIDATES.len()];
+        let mut recent = Vec::with_capacity(longest);
+        for &s in &w.starts {
+            let origin = s + w.lookback - 1;
+            let from = (origin + 1).saturating_sub(longest);
+            for &j in targets {
+                recent.clear();
+                recent.extend(w.rows[from..=origin].iter().map(|r| r[j]));
+                for (c, &(kind, window)) in CANDIDATES.iter().enumerate() {
+                    scales[c].push(local_scale(kind, window, &recent));
+                }
+            }
+        }
+        let n = w.len() * targets.len() * w.horizon;
+        Self { targets: targets.len(), horizon: w.horizon, errors: vec![0.0; n], repeat: vec![0.0; n], scales }
+    }
+
+    /// Records the forecast `pred` of target `t` after window `i`, made after the value `last`,
+    /// and what happened, `actual`.
+    pub fn set(&mut self, i: usize, t: usize, last: f64, pred: &[f64], actual: &[f64]) {
+        let at = (i * self.targets + t) * self.horizon;
+        for (k, (p, y)) in pred.iter().zip(actual).enumerate() {
+            self.errors[at + k] = y - p;
+            self.repeat[at + k] = y - last;
+        }
+    }
+
+    /// Windows.
+    pub fn windows(&self) -> usize {
+        self.scales[0].len() / self.targets.max(1)
+    }
+
+    /// Fits the model's intervals (or Repeat's, with `repeat`) with candidate `c`'s scale on
+    /// windows `range`.
+    pub fn fit(&self, levels: &[f64], c: usize, per_target: bool, range: (usize, usize), repeat: bool) -> Intervals {
+        let (t_n, h) = (self.targets, self.horizon);
+        let (kind, window) = CANDIDATES[c];
+        let errors = if repeat { &self.repeat } else { &self.errors };
+        let scales = &self.scales[c][range.0 * t_n..range.1 * t_n];
+        let mut sorted = scales.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let median = quantile_sorted(&sorted, 0.5);
+        let floor = if kind == ScaleKind::Constant { 1.0 } else { (median * 1e-3).max(1e-12) };
+        let groups = if per_target { t_n } else { 1 };
+        let mut z = Vec::with_capacity(groups * h * levels.len());
+        let mut v = Vec::new();
+        for g in 0..groups {
+            for k in 0..h {
+                v.clear();
+                for i in range.0..range.1 {
+                    for t in (0..t_n).filter(|&t| !per_target || t == g) {
+                        v.push(errors[(i * t_n + t) * h + k] / scales[(i - range.0) * t_n + t].max(floor));
+                    }
+                }
+                v.sort_by(f64::total_cmp);
+                z.extend(levels.iter().map(|&q| quantile_sorted(&v, q)));
+            }
+        }
+        Intervals { levels: levels.to_vec(), scale: kind, window, per_target, floor, targets: t_n, horizon: h, z }
+    }
+
+    /// The mean pinball loss over levels, targets and steps of the model's intervals `iv`
+    /// (candidate `c`'s scale) on windows `range`, and the coverage of its widest central
+    /// interval (NaN without one).
+    pub fn score(&self, iv: &Intervals, c: usize, range: (usize, usize)) -> (f64, f64) {
+        let (t_n, h, q) = (self.targets, self.horizon, iv.levels.len());
+        let pair = central_pairs(&iv.levels).first().copied();
+        let (mut loss, mut inside, mut n) = (0.0, 0usize, 0usize);
+        let mut out = vec![0.0; h * q];
+        for i in range.0..range.1 {
+            for t in 0..t_n {
+                let s = self.scales[c][i * t_n + t].max(iv.floor);
+                // Quantiles of the error itself: the forecast is 0 in these units.
+                iv.fill(t, s, std::iter::repeat_n(0.0, h), &mut out);
+                for k in 0..h {
+                    let e = self.errors[(i * t_n + t) * h + k];
+                    let qs = &out[k * q..(k + 1) * q];
+                    loss += iv.levels.iter().zip(qs).map(|(&l, &p)| pinball(l, p, e)).sum::<f64>();
+                    if let Some((a, b, _)) = pair {
+                        inside += usize::from(qs[a] <= e && e <= qs[b]);
+                    }
+                    n += 1;
+                }
+            }
+        }
+        let n = n.max(1) as f64;
+        (loss / (n * q as f64), if pair.is_some() { inside as f64 / n } else { f64::NAN })
+    }
+}
+
+/// The model's intervals (the candidate with the lowest pinball loss on the second half of the
+/// validation windows when fitted on the first, refitted on all) and conformal Repeat's.
+pub fn choose_intervals(levels: &[f64], res: &Residuals) -> Calibration {
+    let n = res.windows();
+    let half = n / 2;
+    let mut candidates = Vec::new();
+    let mut index = Vec::new();
+    for per_target in [true, false] {
+        for (c, &(scale, window)) in CANDIDATES.iter().enumerate() {
+            let iv = res.fit(levels, c, per_target, (0, half), false);
+            let (pinball, coverage) = res.score(&iv, c, (half, n));
+            candidates.push(CandidateScore { scale, window, per_target, pinball, coverage });
+            index.push((c, per_target));
+        }
+    }
+    // Ties (and NaN, from too few windows) go to the first: per target, unscaled.
+    let best = (0..candidates.len()).fold(0, |b, i| if candidates[i].pinball < candidates[b].pinball { i } else { b });
+    let (c, per_target) = index[best];
+    Calibration {
+        model: res.fit(levels, c, per_target, (0, n), false),
+        repeat: res.fit(levels, 0, true, (0, n), true),
+        candidates,
+        windows: n,
+    }
+}
+
+/// Coverage, width and pinball loss of quantile forecasts per step, summed in a fixed order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntervalTable {
+    /// The levels.
+    pub levels: Vec<f64>,
+    /// Steps.
+    pub horizon: usize,
+    /// Per step: values scored.
+    n: Vec<usize>,
+    /// Per step and level: actual values at or below the quantile.
+    below: Vec<usize>,
+    /// Per step and central pair ([`central_pairs`]): actual values inside, and summed widths.
+    inside: Vec<usize>,
+    width: Vec<f64>,
+    /// Per step: the pinball loss summed over levels and values.
+    loss: Vec<f64>,
+}
+
+/// One step's (or all steps') figures of an [`IntervalTable`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IntervalFigures {
+    /// Values scored.
+    pub n: usize,
+    /// Per central interval (widest first): nominal coverage, observed coverage, mean width.
+    pub intervals: Vec<(f64, f64, f64)>,
+    /// Per level: the share of actual values at or below the quantile.
+    pub below: Vec<f64>,
+    /// The pinball loss, mean over levels and values.
+    pub pinball: f64,
+}
+
+impl IntervalTable {
+    /// An empty table.
+    pub fn new(levels: &[f64], horizon: usize) -> Self {
+        let (q, p) = (levels.len(), central_pairs(levels).len());
+        Self {
+            levels: levels.to_vec(),
+            horizon,
+            n: vec![0; horizon],
+            below: vec![0; horizon * q],
+            inside: vec![0; horizon * p],
+            width: vec![0.0; horizon * p],
+            loss: vec![0.0; horizon],
+        }
+    }
+
+    /// Adds one forecast: quantiles `[step][level]` and the actual values `[step]`.
+    pub fn add(&mut self, quantiles: &[f64], actual: &[f64]) {
+        let q = self.levels.len();
+        let pairs = central_pairs(&self.levels);
+        for (k, (qs, &y)) in quantiles.chunks(q).zip(actual).enumerate().take(self.horizon) {
+            self.n[k] += 1;
+            for (l, (&lv, &p)) in self.levels.iter().zip(qs).enumerate() {
+                self.below[k * q + l] += usize::from(y <= p);
+                self.loss[k] += pinball(lv, p, y);
+            }
+            for (c, &(a, b, _)) in pairs.iter().enumerate() {
+                self.inside[k * pairs.len() + c] += usize::from(qs[a] <= y && y <= qs[b]);
+                self.width[k * pairs.len() + c] += qs[b] - qs[a];
+            }
+        }
+    }
+
+    fn figures(&self, steps: std::ops::Range<usize>) -> IntervalFigures {
+        let q = self.levels.len();
+        let pairs = central_pairs(&self.levels);
+        let n: usize = steps.clone().map(|k| self.n[k]).sum();
+        let d = n.max(1) as f64;
+        let intervals = pairs
+            .iter()
+            .enumerate()
+            .map(|(c, &(_, _, nominal))| {
+                let inside: usize = steps.clone().map(|k| self.inside[k * pairs.len() + c]).sum();
+                let width: f64 = steps.clone().map(|k| self.width[k * pairs.len() + c]).sum();
+                (nominal, inside as f64 / d, width / d)
+            })
+            .collect();
+        let below = (0..q).map(|l| steps.clone().map(|k| self.below[k * q + l]).sum::<usize>() as f64 / d).collect();
+        let pinball = steps.map(|k| self.loss[k]).sum::<f64>() / (d * q as f64);
+        IntervalFigures { n, intervals, below, pinball }
+    }
+
+    /// Step `k`'s figures.
+    pub fn step(&self, k: usize) -> IntervalFigures {
+        self.figures(k..k + 1)
+    }
+
+    /// All steps pooled.
+    pub fn total(&self) -> IntervalFigures {
+        self.figures(0..self.horizon)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_equal_a_hand_computation() {
+        // Levels 0.1, 0.5, 0.9; two steps; three forecasts.
+        let mut t = IntervalTable::new(&[0.1, 0.5, 0.9], 2);
+        // Step 1: y = 1.5 in [1, 3] (below: q50 = 2, q90 = 3); step 2: y = 5 above [0, 4].
+        t.add(&[1.0, 2.0, 3.0, 0.0, 2.0, 4.0], &[1.5, 5.0]);
+        // Step 1: y = 0 below [1, 2]; step 2: y = 2 in [1, 5] (at q50: counted below).
+        t.add(&[1.0, 1.5, 2.0, 1.0, 2.0, 5.0], &[0.0, 2.0]);
+        // Step 1: y = 3 at the upper bound [0, 3]: inside, below q90 too.
+        t.add(&[0.0, 1.0, 3.0, 0.0, 0.0, 0.0], &[3.0, 0.0]);
+        let s1 = t.step(0);
+        assert_eq!(s1.n, 3);
+        // Inside: yes, no, yes; widths 2, 1, 3.
+        assert_eq!(s1.intervals, vec![(0.8, 2.0 / 3.0, 2.0)]);
+        // At or below q10: 0, 1, 0; q50: 1, 1, 0; q90: 1, 1, 1.
+        assert_eq!(s1.below, vec![1.0 / 3.0, 2.0 / 3.0, 1.0]);
+        // Pinball (q u above the quantile, (1 - q) |u| below): forecast 1: 0.1*0.5 + 0.5*0.5 +
+        // 0.1*1.5 = 0.45; forecast 2: 0.9*1 + 0.5*1.5 + 0.1*2 = 1.85; forecast 3: 0.1*3 + 0.5*2 +
+        // 0 = 1.3. Sum 3.6 over 9 values.
+        assert!((s1.pinball - 3.6 / 9.0).abs() < 1e-12, "{}", s1.pinball);
+        let s2 = t.step(1);
+        // Inside: no (5 > 4), yes, yes (0 in [0, 0]); widths 4, 4, 0.
+        assert_eq!(s2.intervals, vec![(0.8, 2.0 / 3.0, 8.0 / 3.0)]);
+        // Pinball: 0.1*5 + 0.5*3 + 0.9*1 = 2.9; 0.1*1 + 0 + 0.1*3 = 0.4; 0. Sum 3.3.
+        assert!((s2.pinball - 3.3 / 9.0).abs() < 1e-12, "{}", s2.pinball);
+        let all = t.total();
+        assert_eq!(all.n, 6);
+        assert_eq!(all.intervals[0].1, 4.0 / 6.0);
+        // Widths 2 + 1 + 3 at step 1 and 4 + 4 + 0 at step 2.
+        assert!((all.intervals[0].2 - 14.0 / 6.0).abs() < 1e-12);
+        assert!((all.pinball - 6.9 / 18.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn quantiles_interpolate_and_levels_are_checked() {
+        let v = [1.0, 2.0, 4.0, 8.0];
+        assert_eq!(quantile_sorted(&v, 0.0), 1.0);
+        assert_eq!(quantile_sorted(&v, 1.0), 8.0);
+        // Position 3 * 0.5 = 1.5: halfway between 2 and 4.
+        assert_eq!(quantile_sorted(&v, 0.5), 3.0);
+        assert!(check_levels(&[0.1, 0.5, 0.9]).is_ok());
+        for bad in [vec![], vec![0.0], vec![0.5, 1.0], vec![0.9, 0.1], vec![0.5, 0.5], vec![f64::NAN]] {
+            assert!(check_levels(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(central_pairs(&[0.05, 0.1, 0.5, 0.9, 0.95]), vec![(0, 4, 0.9), (1, 3, 0.8)]);
+        assert_eq!(level_name(0.1), "q10");
+        assert_eq!(level_name(0.025), "q2.5");
+    }
+
+    #[test]
+    fn local_scales_are_std_and_mean_change() {
+        let v = [1.0, 3.0, 2.0, 6.0];
+        // Last 2 values: 2 and 6, std 2; last 3 changes: 2, 1, 4, mean 7/3; last 2: 2.5.
+        assert_eq!(local_scale(ScaleKind::LevelStd, 2, &v), 2.0);
+        assert!((local_scale(ScaleKind::AbsChange, 3, &v) - 7.0 / 3.0).abs() < 1e-15);
+        assert_eq!(local_scale(ScaleKind::AbsChange, 2, &v), 2.5);
+        assert_eq!(local_scale(ScaleKind::LevelStd, 96, &[5.0]), 0.0);
+        assert_eq!(local_scale(ScaleKind::Constant, 0, &[]), 1.0);
+    }
+
+    /// Errors whose spread follows the series' recent volatility: the chosen intervals scale
+    /// with it, cover near their nominal share on later windows, and never cross.
+    #[test]
+    fn calibration_follows_volatility_and_never_crosses() {
+        // Steps of about unit spread: the sum of 12 uniforms from a 64-bit LCG, less 6.
+        let mut state = 7u64;
+        let mut rng = move || {
+            (0..12)
+                .map(|_| {
+                    state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    (state >> 11) as f64 / (1u64 << 53) as f64
+                })
+                .sum::<f64>()
+                - 6.0
+        };
+        // A random walk whose volatility switches between 0.2 and 2 every 300 rows.
+        let n = 4000;
+        let mut x = vec![0.0];
+        let mut vol = Vec::new();
+        for i in 1..n {
+            let s = if (i / 300) % 2 == 0 { 0.2 } else { 2.0 };
+            vol.push(s);
+            x.push(x[i - 1] + s * rng());
+        }
+        let rows: Vec<Vec<f64>> = x.iter().map(|&v| vec![v]).collect();
+        let w = Windows::new(&rows, (0, n), 48, 4, 1).unwrap();
+        let mut res = Residuals::new(&w, &[0]);
+        for (i, &s) in w.starts.iter().enumerate() {
+            let last = rows[s + 47][0];
+            let actual: Vec<f64> = (0..4).map(|k| rows[s + 48 + k][0]).collect();
+            res.set(i, 0, last, &[last; 4], &actual);
+        }
+        let cal = choose_intervals(&[0.1, 0.5, 0.9], &res);
+        assert_ne!(cal.model.scale, ScaleKind::Constant, "{:?}", cal.candidates);
+        let best = cal.candidates.iter().map(|c| c.pinball).fold(f64::INFINITY, f64::min);
+        let constant = cal.candidates.iter().find(|c| c.scale == ScaleKind::Constant).unwrap().pinball;
+        assert!(best < 0.9 * constant, "scaled {best} against constant {constant}");
+        let c = CANDIDATES.iter().position(|&c| c == (cal.model.scale, cal.model.window)).unwrap();
+        let (_, coverage) = res.score(&cal.model, c, (0, res.windows()));
+        assert!((coverage - 0.8).abs() < 0.03, "coverage {coverage}");
+        assert!(cal.model.z.chunks(3).all(|z| z[0] <= z[1] && z[1] <= z[2]));
+        assert!(cal.model.check(1, 4).is_ok() && cal.repeat.check(1, 4).is_ok());
+    }
+}

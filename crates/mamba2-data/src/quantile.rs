@@ -228,6 +228,28 @@ impl Intervals {
         out
     }
 
+    /// The values of column `j` of `rows` that [`Intervals::scale_of`] reads for a forecast
+    /// made after row `origin`, into `recent`.
+    pub fn recent_in(&self, rows: &[Vec<f64>], origin: usize, j: usize, recent: &mut Vec<f64>) {
+        let from = (origin + 1).saturating_sub(self.memory());
+        recent.clear();
+        recent.extend(rows[from..=origin].iter().map(|r| r[j]));
+    }
+
+    /// [`Intervals::quantiles`] for point forecasts made after row `origin` of `rows`, the
+    /// targets being columns `columns`.
+    pub fn quantiles_after(&self, rows: &[Vec<f64>], origin: usize, columns: &[usize], point: &[f64]) -> Vec<f64> {
+        let recent: Vec<Vec<f64>> = columns
+            .iter()
+            .map(|&j| {
+                let mut v = Vec::new();
+                self.recent_in(rows, origin, j, &mut v);
+                v
+            })
+            .collect();
+        self.quantiles(point, |t| &recent[t])
+    }
+
     /// Checks what a checkpoint holds against the model it comes with: sizes, finite and
     /// non-decreasing quantiles, a positive floor.
     pub fn check(&self, targets: usize, horizon: usize) -> Result<(), String> {
@@ -456,6 +478,20 @@ impl IntervalTable {
         }
     }
 
+    /// Adds what `other` scored, when it has the same levels and steps; returns whether it did.
+    pub fn merge(&mut self, other: &IntervalTable) -> bool {
+        if self.levels != other.levels || self.horizon != other.horizon {
+            return false;
+        }
+        let add = |a: &mut [usize], b: &[usize]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        add(&mut self.n, &other.n);
+        add(&mut self.below, &other.below);
+        add(&mut self.inside, &other.inside);
+        self.width.iter_mut().zip(&other.width).for_each(|(a, b)| *a += b);
+        self.loss.iter_mut().zip(&other.loss).for_each(|(a, b)| *a += b);
+        true
+    }
+
     fn figures(&self, steps: std::ops::Range<usize>) -> IntervalFigures {
         let q = self.levels.len();
         let pairs = central_pairs(&self.levels);
@@ -521,6 +557,11 @@ mod tests {
         // Widths 2 + 1 + 3 at step 1 and 4 + 4 + 0 at step 2.
         assert!((all.intervals[0].2 - 14.0 / 6.0).abs() < 1e-12);
         assert!((all.pinball - 6.9 / 18.0).abs() < 1e-12);
+        // Merged into an empty table it scores the same; other levels are not merged.
+        let mut sum = IntervalTable::new(&[0.1, 0.5, 0.9], 2);
+        assert!(sum.merge(&t));
+        assert_eq!(sum, t);
+        assert!(!IntervalTable::new(&[0.25, 0.75], 2).merge(&t));
     }
 
     #[test]

@@ -52,9 +52,7 @@ pub use trainer::{
     evaluate, evaluate_continuous, evaluate_table, train, train_parallel, train_step, train_workers, EpochRecord, Prepared, Progress,
     RunDir, TrainConfig, TrainSummary,
 };
-pub use validation::{
-    calibrate, each_forecast, score, trade_table, window_quantiles, Blend, QuantileTables, Scored, BLEND_GRID, DM_LEVEL_Z,
-};
+pub use validation::{calibrate, each_forecast, score, trade_table, Blend, QuantileTables, Scored, BLEND_GRID, DM_LEVEL_Z};
 
 /// Everything that can stop a run, with the offending value in the message.
 #[derive(Debug, thiserror::Error)]

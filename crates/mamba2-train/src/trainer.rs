@@ -841,8 +841,7 @@ fn epochs<B: AutodiffBackend>(
     // epochs are done (a resumed run that has none left to train does the same again).
     let calibration = if peer.leads() && dir.best().exists() {
         report(Progress::Calibrating);
-        let c = calibrate_best::<B::InnerBackend>(config, dir, val_w, &data.clock, tc, device);
-        Some(c?)
+        Some(calibrate_best::<B::InnerBackend>(config, dir, val_w, &data.clock, tc, device)?)
     } else {
         None
     };

@@ -12,7 +12,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use mamba2_data::quantile::{choose_intervals, Calibration, IntervalTable, Intervals, Residuals};
+use mamba2_data::quantile::{choose_intervals, Calibration, IntervalTable, Residuals};
 use mamba2_data::trade::{diebold_mariano, hln_corrected, newey_west_lag, skill, t_critical, TradeTable};
 use mamba2_data::{ErrorTable, Windows};
 use mamba2_forecast::features::Truth;
@@ -291,22 +291,13 @@ pub fn trade_table<B: Backend>(
 ) -> Result<(ErrorTable, TradeTable, Option<QuantileTables>), TrainError> {
     let mut errors = ErrorTable::new(units.len(), w.horizon);
     let mut table = TradeTable::new(w.horizon, units, cost_bps);
-    let mut q = calibration.map(|c| QuantileTables {
-        model: IntervalTable::new(&c.model.levels, w.horizon),
-        repeat: IntervalTable::new(&c.repeat.levels, w.horizon),
-    });
+    let mut q = calibration.map(|c| QuantileTables::new(c, w.horizon));
     let targets = model.target_indices();
-    let mut recent = Vec::new();
-    let mut out = Vec::new();
     each_forecast(model, w, clock, n, batch_size, device, |i, t, last, p, y| {
         errors.add(t, p, y);
         table.add(t, last, p, y);
         if let (Some(c), Some(q)) = (calibration, q.as_mut()) {
-            let j = targets[t];
-            window_quantiles(&c.model, w, i, t, j, p.iter().copied(), &mut recent, &mut out);
-            q.model.add(&out, y);
-            window_quantiles(&c.repeat, w, i, t, j, std::iter::repeat(last), &mut recent, &mut out);
-            q.repeat.add(&out, y);
+            q.add(c, w, i, (t, targets[t]), (last, p), y, |v| v);
         }
     })?;
     Ok((errors, table, q))
@@ -327,28 +318,6 @@ pub fn calibrate<B: Backend>(
     Ok(choose_intervals(levels, &res))
 }
 
-/// Writes into `out`, `[step][level]`, the quantiles of target `t` (feature column `j`) after
-/// window `i` of `w` for its point forecasts `point`, the local scale read from `w`'s rows up to
-/// the window's last (`recent` is scratch space).
-#[allow(clippy::too_many_arguments)]
-pub fn window_quantiles(
-    iv: &Intervals,
-    w: &Windows,
-    i: usize,
-    t: usize,
-    j: usize,
-    point: impl Iterator<Item = f64>,
-    recent: &mut Vec<f64>,
-    out: &mut Vec<f64>,
-) {
-    let origin = w.starts[i] + w.lookback - 1;
-    let from = (origin + 1).saturating_sub(iv.memory());
-    recent.clear();
-    recent.extend(w.rows[from..=origin].iter().map(|r| r[j]));
-    out.resize(w.horizon * iv.levels.len(), 0.0);
-    iv.fill(t, iv.scale_of(recent), point, out);
-}
-
 /// Quantile figures of a model's and of conformal Repeat's forecasts, scored in the same pass as
 /// the point forecasts' ([`trade_table`]).
 #[derive(Debug, Clone)]
@@ -357,4 +326,54 @@ pub struct QuantileTables {
     pub model: IntervalTable,
     /// Conformal Repeat's.
     pub repeat: IntervalTable,
+    /// Scratch space: a target's recent values, and one forecast's quantiles.
+    recent: Vec<f64>,
+    out: Vec<f64>,
+}
+
+impl QuantileTables {
+    /// Empty tables for `c`'s levels.
+    pub fn new(c: &Calibration, horizon: usize) -> Self {
+        Self {
+            model: IntervalTable::new(&c.model.levels, horizon),
+            repeat: IntervalTable::new(&c.repeat.levels, horizon),
+            recent: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Scores the model's and conformal Repeat's quantiles of target `t` (feature column `j`)
+    /// after window `i` of `w`, for the model's point forecasts `point` made after the value
+    /// `last`, against `actual`; `to_units` maps a quantile in `w`'s scale to `actual`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add(
+        &mut self,
+        c: &Calibration,
+        w: &Windows,
+        i: usize,
+        (t, j): (usize, usize),
+        (last, point): (f64, &[f64]),
+        actual: &[f64],
+        to_units: impl Fn(f64) -> f64,
+    ) {
+        let origin = w.starts[i] + w.lookback - 1;
+        for (iv, table, repeat) in [(&c.model, &mut self.model, false), (&c.repeat, &mut self.repeat, true)] {
+            iv.recent_in(w.rows, origin, j, &mut self.recent);
+            self.out.resize(w.horizon * iv.levels.len(), 0.0);
+            let s = iv.scale_of(&self.recent);
+            if repeat {
+                iv.fill(t, s, std::iter::repeat_n(last, w.horizon), &mut self.out);
+            } else {
+                iv.fill(t, s, point.iter().copied(), &mut self.out);
+            }
+            self.out.iter_mut().for_each(|v| *v = to_units(*v));
+            table.add(&self.out, actual);
+        }
+    }
+
+    /// Adds what `other` scored (see [`IntervalTable::merge`]).
+    pub fn merge(&mut self, other: &QuantileTables) {
+        self.model.merge(&other.model);
+        self.repeat.merge(&other.repeat);
+    }
 }

@@ -10,11 +10,10 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use mamba2::plot::{draw, Chart};
 use mamba2_data::folds::walk_forward;
-use mamba2_data::quantile::IntervalTable;
 use mamba2_data::trade::TradeTable;
 use mamba2_data::{ErrorTable, Scaler, Windows};
 use mamba2_forecast::Forecaster;
-use mamba2_train::{each_forecast, train_parallel, window_quantiles, Prepared, QuantileTables, RunDir, Workers};
+use mamba2_train::{each_forecast, train_parallel, Prepared, QuantileTables, RunDir, Workers};
 
 use crate::report::Reporter;
 use crate::{check_cost_bps, configure, default_out, line, load_model, load_table, workers, TrainArgs};
@@ -201,13 +200,7 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
         let w = Windows::new(rows, fold.windows, l, h, 1)?;
         let mut tally = Tally::new(targets.len(), h, &units, a.cost_bps);
         // Quantile figures of the fold, in the report's scale like the rest.
-        let mut fold_q = calibration
-            .as_ref()
-            .map(|c| QuantileTables { model: IntervalTable::new(&c.model.levels, h), repeat: IntervalTable::new(&c.repeat.levels, h) });
-        if overall_q.is_none() {
-            overall_q = fold_q.clone();
-        }
-        let (mut recent, mut qs) = (Vec::new(), Vec::new());
+        let mut fold_q = calibration.as_ref().map(|c| QuantileTables::new(c, h));
         let to_report = |t: usize, v: f64| {
             let j = targets[t];
             (v * scaler.std[j] + scaler.mean[j] - report_scaler.mean[j]) / report_scaler.std[j]
@@ -221,21 +214,7 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
             tally.add(t, last_r, &p_r, &y_r);
             overall.add(t, last_r, &p_r, &y_r);
             if let (Some(c), Some(fq)) = (calibration.as_ref(), fold_q.as_mut()) {
-                for (iv, repeat) in [(&c.model, false), (&c.repeat, true)] {
-                    let point: Box<dyn Iterator<Item = f64>> =
-                        if repeat { Box::new(std::iter::repeat(last)) } else { Box::new(p.iter().copied()) };
-                    window_quantiles(iv, &w, i, t, targets[t], point, &mut recent, &mut qs);
-                    qs.iter_mut().for_each(|v| *v = to_report(t, *v));
-                    let (f, o) = if repeat {
-                        (&mut fq.repeat, &mut overall_q.as_mut().expect("set with the fold's").repeat)
-                    } else {
-                        (&mut fq.model, &mut overall_q.as_mut().expect("set with the fold's").model)
-                    };
-                    f.add(&qs, &y_r);
-                    if f.levels == o.levels {
-                        o.add(&qs, &y_r);
-                    }
-                }
+                fq.add(c, &w, i, (t, targets[t]), (last, p), &y_r, |v| to_report(t, v));
             }
             let j = targets[t];
             let data_units = |v: f64| scaler.inverse(j, v);
@@ -269,6 +248,12 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
             },
             started.elapsed().as_secs_f64()
         );
+        if let Some(q) = &fold_q {
+            match overall_q.as_mut() {
+                Some(o) => o.merge(q),
+                None => overall_q = Some(q.clone()),
+            }
+        }
         let quantile_figures = fold_q.as_ref().map(|q| {
             let (m, r) = (q.model.total(), q.repeat.total());
             if let (Some(a), Some(b)) = (m.intervals.first(), r.intervals.first()) {

@@ -905,11 +905,7 @@ fn test_plots<B: burn::prelude::Backend>(
     let interval = |s: usize, point: &[f64]| -> Option<Vec<(f64, f64)>> {
         let (c, (a, b, _)) = (calibration?, pair?);
         let iv = &c.model;
-        let origin = s + l - 1;
-        let from = (origin + 1).saturating_sub(iv.memory());
-        let recent: Vec<Vec<f64>> =
-            model.target_indices().iter().map(|&j| test.rows[from..=origin].iter().map(|r| r[j]).collect()).collect();
-        let q = iv.quantiles(point, |t| &recent[t]);
+        let q = iv.quantiles_after(test.rows, s + l - 1, model.target_indices(), point);
         let (t_n, n_q) = (model.target_indices().len(), iv.levels.len());
         Some((0..h).map(|k| (q[(k * t_n + t_n - 1) * n_q + a], q[(k * t_n + t_n - 1) * n_q + b])).collect())
     };
@@ -1137,13 +1133,9 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let pred = model.forecast_history(&rows, &clock, &device)?;
-        // Each target's last values, for its quantiles' local scale.
-        let quantiles = calibration.as_ref().map(|c| {
-            let iv = &c.model;
-            let from = rows.len().saturating_sub(iv.memory());
-            let recent: Vec<Vec<f64>> = model.target_indices().iter().map(|&j| rows[from..].iter().map(|r| r[j]).collect()).collect();
-            iv.quantiles(&pred, |t| &recent[t])
-        });
+        // The quantiles after the last row (the table has at least one), scaled by each
+        // target's last values.
+        let quantiles = calibration.as_ref().map(|c| c.model.quantiles_after(&rows, rows.len() - 1, model.target_indices(), &pred));
         let mut out = std::io::stdout().lock();
         writeln!(out, "step,{}", forecast_header(&spec.targets, calibration.as_ref()))?;
         print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), &scaler, "")?;

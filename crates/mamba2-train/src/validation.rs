@@ -360,7 +360,7 @@ impl QuantileTables {
         for (iv, table, repeat) in [(&c.model, &mut self.model, false), (&c.repeat, &mut self.repeat, true)] {
             iv.recent_in(w.rows, origin, j, &mut self.recent);
             self.out.resize(w.horizon * iv.levels.len(), 0.0);
-            let s = iv.scale_of(&self.recent);
+            let s = iv.scale_of(t, &self.recent);
             if repeat {
                 iv.fill(t, s, std::iter::repeat_n(last, w.horizon), &mut self.out);
             } else {

@@ -9,6 +9,12 @@
 //! - `forecast/stream_row/L`: one incoming row through `ForecastStream` (f32, one thread) for a
 //!   model trained with lookback `L` = 96 and 512, after a history of 2,000 rows: the time per
 //!   row does not depend on `L`, since the recurrent state carries the history.
+//! - `forecast/stream_row_quantiles/S`: the same row at `L` = 96 on a stream that also keeps
+//!   calibrated intervals (levels 0.1, 0.5, 0.9) and returns their quantiles after every row,
+//!   against `plain`, the same push without them. `S` names the local scale: `abs_change_96`,
+//!   and `level_std_336` (the longest window any candidate reads, the costliest, and what
+//!   validation chooses on ETTh1 H 96). Each measured row alternates with an unmeasured row of
+//!   the other stream, as for the train steps.
 //!
 //! - `forecast/workers/W`: one epoch of 16 default train steps (batch 32, the embedded ETTh1,
 //!   validation on 16 windows) through `train_workers` with W = 1 and 2 data-parallel workers in
@@ -24,6 +30,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use criterion::{criterion_group, BenchmarkId, Criterion};
+use mamba2_data::quantile::{Intervals, ScaleKind};
 use mamba2_forecast::features::Truth;
 use mamba2_forecast::{ForecastStream, ForecasterConfig};
 use mamba2_model::Mamba2Stack;
@@ -137,6 +144,76 @@ fn stream_rows(c: &mut Criterion) {
     group.finish();
 }
 
+/// Intervals of the shape `calibrate` writes, with made-up but sorted `z`: the cost does not
+/// depend on their values.
+fn intervals(scale: ScaleKind, window: usize, targets: usize, horizon: usize) -> Intervals {
+    let z = (0..horizon).flat_map(|k| [-1.3 - 0.01 * k as f64, 0.0, 1.3 + 0.01 * k as f64]).collect();
+    Intervals {
+        levels: vec![0.1, 0.5, 0.9],
+        scale,
+        window,
+        per_target: false,
+        floor: 1e-3,
+        typical: vec![0.1; targets],
+        targets,
+        horizon,
+        z,
+    }
+}
+
+fn stream_rows_quantiles(c: &mut Criterion) {
+    let data = etth1();
+    let device = Default::default();
+    let mut group = c.benchmark_group("forecast/stream_row_quantiles");
+    group.sample_size(30).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    <Flex as Backend>::seed(&device, 0);
+    let model = config(&data, 96).init::<Flex>(&device).unwrap();
+    let t_n = data.columns.len();
+    let warm = |s: &mut ForecastStream<f32>| {
+        for r in 0..2000 {
+            s.push(&data.rows[r], data.clock[r]).unwrap();
+        }
+    };
+    for (name, scale, window) in [("abs_change_96", ScaleKind::AbsChange, 96), ("level_std_336", ScaleKind::LevelStd, 336)] {
+        let mut plain = ForecastStream::<f32>::new(&model);
+        let mut with = ForecastStream::<f32>::new(&model).with_intervals(intervals(scale, window, t_n, 96)).unwrap();
+        warm(&mut plain);
+        warm(&mut with);
+        let mut r = 2000;
+        let mut row = |s: &mut ForecastStream<f32>, quantiles: bool| {
+            r = if r + 1 < data.rows.len() { r + 1 } else { 2000 };
+            let point = s.push(&data.rows[r], data.clock[r]).unwrap();
+            if quantiles {
+                criterion::black_box(s.quantiles(&point).unwrap());
+            }
+            criterion::black_box(point);
+        };
+        let mut alternate = |b: &mut criterion::Bencher, quantiles: bool| {
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    if quantiles {
+                        row(&mut with, true);
+                    } else {
+                        row(&mut plain, false);
+                    }
+                    measured += start.elapsed();
+                    if quantiles {
+                        row(&mut plain, false);
+                    } else {
+                        row(&mut with, true);
+                    }
+                }
+                measured
+            })
+        };
+        group.bench_function(format!("{name}/plain"), |b| alternate(b, false));
+        group.bench_function(name, |b| alternate(b, true));
+    }
+    group.finish();
+}
+
 fn workers(c: &mut Criterion) {
     let data = etth1();
     // 16 steps of 32 windows from the training rows, and 16 validation windows.
@@ -166,7 +243,7 @@ fn workers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(forecast, train_steps, stream_rows, workers);
+criterion_group!(forecast, train_steps, stream_rows, stream_rows_quantiles, workers);
 
 fn main() {
     mamba2_train::keep_freed_memory();

@@ -139,3 +139,87 @@ pub fn print_quantiles(q: &QuantileTables) {
         levels.join(", ")
     );
 }
+
+/// Mean and sample standard deviation (NaN for one value).
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0)).sqrt();
+    (m, sd)
+}
+
+/// The quantile figures of several seeds' runs: those of the widest central interval and the
+/// pinball loss, for the model and conformal Repeat.
+pub struct SeedsQuantiles {
+    /// The interval's nominal coverage.
+    nominal: f64,
+    /// Its coverage pooled over targets and steps: mean and sample std over the seeds.
+    coverage: (f64, f64),
+    /// The lowest and highest coverage at one step, the seeds' coverage at each step averaged.
+    coverage_per_step: (f64, f64),
+    width: (f64, f64),
+    pinball: (f64, f64),
+    repeat_coverage: f64,
+    repeat_width: f64,
+    repeat_pinball: f64,
+}
+
+/// [`SeedsQuantiles`] of the seeds' test tables; `None` without a central interval or for
+/// tables of other levels or horizons.
+pub fn seeds_quantiles(tables: &[&QuantileTables]) -> Option<SeedsQuantiles> {
+    let first = tables.first()?;
+    let (levels, h) = (&first.model.levels, first.model.horizon);
+    if tables.iter().any(|t| &t.model.levels != levels || t.model.horizon != h) {
+        return None;
+    }
+    let nominal = first.model.total().intervals.first()?.0;
+    let of = |f: &dyn Fn(&QuantileTables) -> f64| mean_std(&tables.iter().map(|t| f(t)).collect::<Vec<_>>());
+    let cov = |f: IntervalFigures| f.intervals[0].1;
+    let per_step: Vec<f64> = (0..h).map(|k| of(&|t| cov(t.model.step(k))).0).collect();
+    Some(SeedsQuantiles {
+        nominal,
+        coverage: of(&|t| cov(t.model.total())),
+        coverage_per_step: (
+            per_step.iter().copied().fold(f64::INFINITY, f64::min),
+            per_step.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ),
+        width: of(&|t| t.model.total().intervals[0].2),
+        pinball: of(&|t| t.model.total().pinball),
+        repeat_coverage: of(&|t| cov(t.repeat.total())).0,
+        repeat_width: of(&|t| t.repeat.total().intervals[0].2).0,
+        repeat_pinball: of(&|t| t.repeat.total().pinball).0,
+    })
+}
+
+impl SeedsQuantiles {
+    /// The figures in one line.
+    pub fn line(&self) -> String {
+        format!(
+            "{:.0} % interval over the seeds: covers {:.1} +- {:.1} % ({:.1}-{:.1} % by step), width {:.4} +- {:.4}, pinball {:.4} +- {:.4}; \
+             conformal Repeat covers {:.1} %, width {:.4}, pinball {:.4}",
+            100.0 * self.nominal,
+            100.0 * self.coverage.0,
+            100.0 * self.coverage.1,
+            100.0 * self.coverage_per_step.0,
+            100.0 * self.coverage_per_step.1,
+            self.width.0,
+            self.width.1,
+            self.pinball.0,
+            self.pinball.1,
+            100.0 * self.repeat_coverage,
+            self.repeat_width,
+            self.repeat_pinball
+        )
+    }
+
+    /// As JSON, for `seeds.json`.
+    pub fn json(&self) -> Value {
+        json!({
+            "nominal": self.nominal,
+            "coverage_mean": self.coverage.0, "coverage_std": self.coverage.1,
+            "coverage_step_min": self.coverage_per_step.0, "coverage_step_max": self.coverage_per_step.1,
+            "width_mean": self.width.0, "width_std": self.width.1,
+            "pinball_mean": self.pinball.0, "pinball_std": self.pinball.1,
+            "repeat_coverage_mean": self.repeat_coverage, "repeat_width_mean": self.repeat_width, "repeat_pinball_mean": self.repeat_pinball,
+        })
+    }
+}

@@ -431,20 +431,20 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         results.push(train_one(&a, &config, &tc, &data, out, &info, &workers)?);
     }
     if seeds.len() > 1 && !a.no_test {
-        let stats = |f: fn(&(f64, f64)) -> f64| {
-            let v: Vec<f64> = results.iter().map(f).collect();
-            let m = v.iter().sum::<f64>() / v.len() as f64;
-            let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt();
-            (m, sd)
-        };
-        let ((mm, ms), (am, as_)) = (stats(|r| r.0), stats(|r| r.1));
+        let (mm, ms) = figures::mean_std(&results.iter().map(|r| r.0).collect::<Vec<_>>());
+        let (am, as_) = figures::mean_std(&results.iter().map(|r| r.1).collect::<Vec<_>>());
         println!();
         println!(
             "test over {} seeds ({}): MSE {mm:.4} +- {ms:.4}  MAE {am:.4} +- {as_:.4} (mean +- sample std)",
             seeds.len(),
             seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
         );
-        let json = serde_json::json!({"seeds": seeds, "test_mse": results.iter().map(|r| r.0).collect::<Vec<_>>(), "test_mae": results.iter().map(|r| r.1).collect::<Vec<_>>(), "mse_mean": mm, "mse_std": ms, "mae_mean": am, "mae_std": as_});
+        let mut json = serde_json::json!({"seeds": seeds, "test_mse": results.iter().map(|r| r.0).collect::<Vec<_>>(), "test_mae": results.iter().map(|r| r.1).collect::<Vec<_>>(), "mse_mean": mm, "mse_std": ms, "mae_mean": am, "mae_std": as_});
+        let tables: Option<Vec<&mamba2_train::QuantileTables>> = results.iter().map(|r| r.2.as_ref()).collect();
+        if let Some(q) = tables.and_then(|t| figures::seeds_quantiles(&t)) {
+            println!("{}", q.line());
+            json["quantiles"] = q.json();
+        }
         mamba2_model::write_atomically(&out_dir.join("seeds.json"), serde_json::to_string_pretty(&json)?.as_bytes())?;
     }
     Ok(())
@@ -540,7 +540,7 @@ fn train_one(
     out: &Path,
     info: &RunInfo,
     workers: &Workers,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, Option<mamba2_train::QuantileTables>)> {
     let dir = RunDir(out.to_path_buf());
     let started = std::time::Instant::now();
     let ranges = data.ranges;
@@ -556,7 +556,7 @@ fn train_one(
                 summary.history.len(),
                 out.display()
             );
-            return Ok((f64::NAN, f64::NAN));
+            return Ok((f64::NAN, f64::NAN, None));
         }
         let loaded =
             load_checkpoint::<<B as AutodiffBackend>::InnerBackend, Forecaster<_>, ForecasterConfig>(&dir.best(), &device, |c, d| {
@@ -594,7 +594,7 @@ fn train_one(
             let iv = &c.model;
             summary_json["calibration"] = serde_json::json!({
                 "levels": iv.levels, "scale": iv.scale, "window": iv.window, "per_target": iv.per_target,
-                "floor": iv.floor, "windows": c.windows, "candidates": c.candidates,
+                "floor": iv.floor, "typical": iv.typical, "windows": c.windows, "candidates": c.candidates,
             });
         }
         loss_plot(out, &summary.history, summary.best_epoch)?;
@@ -604,7 +604,7 @@ fn train_one(
             summary_json["wall_seconds"] = secs.into();
             mamba2_model::write_atomically(&out.join("summary.json"), serde_json::to_string_pretty(&summary_json)?.as_bytes())?;
             println!("{}", wrote(out, &["loss.png"]));
-            return Ok((f64::NAN, f64::NAN));
+            return Ok((f64::NAN, f64::NAN, None));
         }
         let repeat = repeat_table(&test, &data.targets, 32);
         let units = data.targets.iter().map(|&j| (data.scaler.mean[j], data.scaler.std[j])).collect();
@@ -668,7 +668,7 @@ fn train_one(
             plots.push("reliability.png");
         }
         println!("{}", wrote(out, &plots));
-        Ok((mse, mae))
+        Ok((mse, mae, quantiles))
     })
 }
 
@@ -1018,10 +1018,12 @@ fn calibration_line(c: &Calibration) -> String {
         .map_or(f64::NAN, |k| k.pinball);
     let plain = c.candidates.first().map_or(f64::NAN, |k| k.pinball);
     format!(
-        "quantiles {} from the validation errors: {} (of {} ways to scale, the lowest pinball loss on validation's second          half when fitted on its first: {chosen:.4}, against {plain:.4} unscaled); refitted on all {} windows",
+        "quantiles {} from the validation errors: {} (of {} ways to scale, the lowest pinball loss when each of {} blocks of \
+         validation is scored fitted on the others: {chosen:.4}, against {plain:.4} unscaled); refitted on all {} windows",
         levels.join(", "),
         c.model.describe(),
         c.candidates.len(),
+        mamba2_data::quantile::FOLDS,
         c.windows
     )
 }
@@ -1103,17 +1105,30 @@ fn print_forecast(
     scaler: &Scaler,
     prefix: &str,
 ) -> Result<()> {
+    // Written number by number with ryu (the shortest digits that read back to the same f64, as
+    // `Display` gives, several times faster): with quantiles a streamed row prints H lines of
+    // 1 + Q numbers per target, and formatting them cost more than the model's step.
     let t_n = targets.len().max(1);
+    let per = quantiles.map_or(0, |q| q.len() / pred.len().max(1));
+    let mut num = ryu::Buffer::new();
+    let mut put = |out: &mut dyn Write, v: f64| -> std::io::Result<()> {
+        out.write_all(b",")?;
+        out.write_all(num.format(v).as_bytes())
+    };
     for (k, step) in pred.chunks(t_n).enumerate() {
-        let mut vals: Vec<String> = step.iter().zip(targets).map(|(v, &j)| format!("{}", scaler.inverse(j, *v))).collect();
+        write!(out, "{prefix}{}", k + 1)?;
+        for (v, &j) in step.iter().zip(targets) {
+            put(out, scaler.inverse(j, *v))?;
+        }
         if let Some(q) = quantiles {
-            let per = q.len() / pred.len().max(1);
             for (t, &j) in targets.iter().enumerate() {
                 let at = (k * t_n + t) * per;
-                vals.extend(q[at..at + per].iter().map(|v| format!("{}", scaler.inverse(j, *v))));
+                for v in &q[at..at + per] {
+                    put(out, scaler.inverse(j, *v))?;
+                }
             }
         }
-        writeln!(out, "{prefix}{},{}", k + 1, vals.join(","))?;
+        out.write_all(b"\n")?;
     }
     Ok(())
 }
@@ -1136,9 +1151,10 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
         // The quantiles after the last row (the table has at least one), scaled by each
         // target's last values.
         let quantiles = calibration.as_ref().map(|c| c.model.quantiles_after(&rows, rows.len() - 1, model.target_indices(), &pred));
-        let mut out = std::io::stdout().lock();
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
         writeln!(out, "step,{}", forecast_header(&spec.targets, calibration.as_ref()))?;
         print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), &scaler, "")?;
+        out.flush()?;
     });
     Ok(())
 }
@@ -1173,7 +1189,9 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
-    let mut out = std::io::stdout().lock();
+    // Buffered and flushed once per input row: a reader gets each row's forecast whole as soon
+    // as it is made, without one write per printed line.
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     writeln!(out, "row,step,{}", forecast_header(&spec.targets, calibration))?;
     for (i, line) in lines.enumerate() {
         let line = line?;

@@ -88,6 +88,18 @@ fn steps(data: &Data) -> Steps {
     Steps { forecaster: Box::new(forecaster), stack: Box::new(stack) }
 }
 
+/// The time of `iters` calls of `step(true)`, each followed by an unmeasured `step(false)`.
+fn alternately(iters: u64, mut step: impl FnMut(bool)) -> Duration {
+    let mut measured = Duration::ZERO;
+    for _ in 0..iters {
+        let start = Instant::now();
+        step(true);
+        measured += start.elapsed();
+        step(false);
+    }
+    measured
+}
+
 fn train_steps(c: &mut Criterion) {
     let data = etth1();
     let mut group = c.benchmark_group("forecast/train_step");
@@ -97,24 +109,7 @@ fn train_steps(c: &mut Criterion) {
     // sample the machine in the same conditions, step by step. Timed ten seconds apart instead,
     // their ratio moved by 0.1-0.3 from one run to the next on a shared 2-core VM.
     let mut alternate = |b: &mut criterion::Bencher, forecaster: bool| {
-        b.iter_custom(|iters| {
-            let mut measured = Duration::ZERO;
-            for _ in 0..iters {
-                let start = Instant::now();
-                if forecaster {
-                    (s.forecaster)();
-                } else {
-                    (s.stack)();
-                }
-                measured += start.elapsed();
-                if forecaster {
-                    (s.stack)();
-                } else {
-                    (s.forecaster)();
-                }
-            }
-            measured
-        })
+        b.iter_custom(|iters| alternately(iters, |measured| if measured == forecaster { (s.forecaster)() } else { (s.stack)() }))
     };
     group.bench_function("forecaster", |b| alternate(b, true));
     group.bench_function("stack", |b| alternate(b, false));
@@ -179,33 +174,24 @@ fn stream_rows_quantiles(c: &mut Criterion) {
         let mut with = ForecastStream::<f32>::new(&model).with_intervals(intervals(scale, window, t_n, 96)).unwrap();
         warm(&mut plain);
         warm(&mut with);
-        let mut r = 2000;
-        let mut row = |s: &mut ForecastStream<f32>, quantiles: bool| {
-            r = if r + 1 < data.rows.len() { r + 1 } else { 2000 };
-            let point = s.push(&data.rows[r], data.clock[r]).unwrap();
-            if quantiles {
-                criterion::black_box(s.quantiles(&point).unwrap());
-            }
-            criterion::black_box(point);
+        // Each stream reads the rows in order from row 2,000, wrapping at the end.
+        let (mut r_plain, mut r_with) = (2000, 2000);
+        let next = |r: &mut usize| {
+            *r = if *r + 1 < data.rows.len() { *r + 1 } else { 2000 };
+            *r
         };
         let mut alternate = |b: &mut criterion::Bencher, quantiles: bool| {
             b.iter_custom(|iters| {
-                let mut measured = Duration::ZERO;
-                for _ in 0..iters {
-                    let start = Instant::now();
-                    if quantiles {
-                        row(&mut with, true);
+                alternately(iters, |measured| {
+                    if measured == quantiles {
+                        let r = next(&mut r_with);
+                        let point = with.push(&data.rows[r], data.clock[r]).unwrap();
+                        criterion::black_box(with.quantiles(&point).unwrap());
                     } else {
-                        row(&mut plain, false);
+                        let r = next(&mut r_plain);
+                        criterion::black_box(plain.push(&data.rows[r], data.clock[r]).unwrap());
                     }
-                    measured += start.elapsed();
-                    if quantiles {
-                        row(&mut plain, false);
-                    } else {
-                        row(&mut with, true);
-                    }
-                }
-                measured
+                })
             })
         };
         group.bench_function(format!("{name}/plain"), |b| alternate(b, false));

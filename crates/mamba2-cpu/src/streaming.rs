@@ -259,6 +259,21 @@ impl<T: HostFloat> StreamingState<T> {
     pub fn ssm_mut(&mut self, layer: usize) -> &mut [T] {
         &mut self.ssm[layer]
     }
+
+    /// The number of layers.
+    pub fn n_layer(&self) -> usize {
+        self.conv.len()
+    }
+
+    /// Bytes this state holds on the heap: the recurrent state and the step's scratch.
+    pub fn heap_bytes(&self) -> usize {
+        let n: usize = self.conv.iter().chain(&self.ssm).map(Vec::len).sum::<usize>()
+            + [&self.hidden, &self.normed, &self.zx, &self.xa, &self.y, &self.normed_y, &self.rstd, &self.mixed]
+                .iter()
+                .map(|v| v.len())
+                .sum::<usize>();
+        n * std::mem::size_of::<T>()
+    }
 }
 
 /// Weight bytes above which [`Streaming::zero_state`] starts a helper thread: about where one

@@ -63,6 +63,34 @@ impl RollingStats {
     }
 }
 
+impl RollingStats {
+    /// Appends the kept values and the running sums to `out`, bit for bit.
+    pub(crate) fn save(&self, out: &mut Vec<u8>) {
+        crate::codec::put_f64s(out, self.kept.iter().copied());
+        crate::codec::put_f64(out, self.sum);
+        crate::codec::put_f64(out, self.sum_sq);
+        crate::codec::put_u64(out, self.since_exact as u64);
+    }
+
+    /// Reads what [`save`](Self::save) wrote for statistics of the same window.
+    pub(crate) fn restore(&mut self, r: &mut crate::codec::Reader) -> Result<(), String> {
+        let kept = r.f64s_up_to(self.window, "a rolling window")?;
+        let (sum, sum_sq) = (r.f64("a rolling sum")?, r.f64("a rolling sum")?);
+        let since = r.u64("a rolling window")?;
+        if since >= self.window as u64 {
+            return Err(format!("a rolling window was summed {since} rows ago, its window is {}", self.window));
+        }
+        self.kept = kept.into();
+        (self.sum, self.sum_sq, self.since_exact) = (sum, sum_sq, since as usize);
+        Ok(())
+    }
+
+    /// Bytes this holds on the heap.
+    fn heap_bytes(&self) -> usize {
+        self.kept.capacity() * 8
+    }
+}
+
 /// How the per-row inputs are made: which columns, which normalisation, which calendar.
 #[derive(Debug, Clone)]
 pub struct FeatureMap {
@@ -201,6 +229,34 @@ impl RowEncoder {
     /// The map this encoder follows.
     pub fn map(&self) -> &FeatureMap {
         &self.map
+    }
+
+    /// Appends what the encoder has seen (its rolling statistics and patches) to `out`.
+    pub(crate) fn save(&self, out: &mut Vec<u8>) {
+        for st in self.targets.iter().chain(&self.covariates) {
+            st.save(out);
+        }
+        for recent in &self.recent {
+            crate::codec::put_f64s(out, recent.iter().copied());
+        }
+    }
+
+    /// Reads what [`save`](Self::save) wrote for an encoder of the same map.
+    pub(crate) fn restore(&mut self, r: &mut crate::codec::Reader) -> Result<(), String> {
+        for st in self.targets.iter_mut().chain(&mut self.covariates) {
+            st.restore(r)?;
+        }
+        for recent in &mut self.recent {
+            *recent = r.f64s_up_to(self.map.patch, "a patch")?.into();
+        }
+        Ok(())
+    }
+
+    /// Bytes this holds on the heap (the map's few indices aside).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.targets.iter().chain(&self.covariates).map(RollingStats::heap_bytes).sum::<usize>()
+            + self.recent.iter().map(|r| r.capacity() * 8).sum::<usize>()
+            + self.shared.capacity() * 8
     }
 
     /// Adds one row (all input columns, scaled) at calendar clock `clock`. Writes each series'

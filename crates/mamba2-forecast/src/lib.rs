@@ -73,6 +73,8 @@
 // Every `unsafe` block (the feature map's vector loops) states why it is sound, and clippy holds it to that.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod bank;
+mod codec;
 pub mod features;
 mod forecaster;
 mod load;
@@ -80,6 +82,7 @@ mod readout;
 mod stream;
 mod truth;
 
+pub use bank::{StreamBank, MAX_ID_BYTES};
 pub use forecaster::{
     default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, RelativeTruth, DEFAULT_PATCH,
 };
@@ -98,4 +101,12 @@ pub enum ForecastError {
     /// The model rejected the checkpoint.
     #[error(transparent)]
     Model(#[from] mamba2_model::ModelError),
+    /// A state file could not be read, is damaged, or was saved by another model.
+    #[error("state file {path}: {why}")]
+    State {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
 }

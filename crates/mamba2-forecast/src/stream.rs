@@ -6,17 +6,19 @@ use mamba2_model::{HostFloat, ModelError, StreamingStack, StreamingState};
 
 use mamba2_data::quantile::Intervals;
 
+use std::sync::Arc;
+
+use num_traits::ToPrimitive;
+
+use crate::codec::{fnv1a64, put_f64s, put_u64, Reader, FNV_START};
 use crate::features::{RowEncoder, RowRef};
 use crate::forecaster::Forecaster;
 
-/// A trained [`Forecaster`] on the host, advanced one row at a time: the rolling statistics,
-/// the stack's recurrent state (in `T`) and the heads. After the rows of a history it gives what
-/// [`Forecaster::forecast_history`] gives for them.
+/// What every stream of one model reads and none changes: the stack's and the heads' weights
+/// on the host, and the calibrated intervals. Streams of the same model share one copy.
 #[derive(Debug, Clone)]
-pub struct ForecastStream<T: HostFloat> {
-    encoder: RowEncoder,
+struct Weights<T: HostFloat> {
     stack: StreamingStack<T>,
-    state: StreamingState<T>,
     /// `[n_feat, d_model]` and its bias.
     input_w: Vec<f64>,
     input_b: Option<Vec<f64>>,
@@ -29,46 +31,196 @@ pub struct ForecastStream<T: HostFloat> {
     n_feat: usize,
     d_model: usize,
     horizon: usize,
+    /// The calibrated intervals, which read each target's recent values for their local scale.
+    intervals: Option<Intervals>,
+    /// A hash of the model and the intervals, which a saved state must carry to be restored.
+    fingerprint: u64,
+}
+
+/// A trained [`Forecaster`] on the host, advanced one row at a time: the rolling statistics,
+/// the stack's recurrent state (in `T`) and the heads. After the rows of a history it gives what
+/// [`Forecaster::forecast_history`] gives for them.
+///
+/// The weights are shared: a [`clone`](Clone::clone) or a [`fresh`](Self::fresh) stream copies
+/// only the state of a series (see [`StreamBank`](crate::StreamBank) for many series).
+#[derive(Debug, Clone)]
+pub struct ForecastStream<T: HostFloat> {
+    weights: Arc<Weights<T>>,
+    encoder: RowEncoder,
+    state: StreamingState<T>,
     inputs: Vec<f64>,
     refs: Vec<RowRef>,
     u: Vec<T>,
     hidden: Vec<T>,
-    /// The calibrated intervals, with each target's recent values for their local scale.
-    intervals: Option<Intervals>,
+    /// Each target's recent values, for the intervals' local scale.
     recent: Vec<Vec<f64>>,
+    /// Rows pushed, and the clock of the last.
+    rows: u64,
+    last_clock: Option<i64>,
 }
 
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
     mamba2_tensor::compare::to_f64_vec(t)
 }
 
+/// Hashes every float parameter of a module, bit for bit, in visiting order.
+struct WeightHash(u64);
+
+impl<B: Backend> burn::module::ModuleVisitor<B> for WeightHash {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+        let t = param.val();
+        self.0 = fnv1a64(self.0, format!("{:?}", t.dims()).as_bytes());
+        for v in host(t) {
+            self.0 = fnv1a64(self.0, &v.to_bits().to_le_bytes());
+        }
+    }
+}
+
+/// A hash of what a stream's forecasts depend on: the spec, every weight bit for bit, and the
+/// host type its state is kept in.
+fn fingerprint<B: Backend, T: HostFloat>(model: &Forecaster<B>) -> u64 {
+    let spec = serde_json::to_vec(model.spec()).expect("a spec serialises");
+    let mut h = WeightHash(fnv1a64(FNV_START, &spec));
+    h.0 = fnv1a64(h.0, &(std::mem::size_of::<T>() as u64).to_le_bytes());
+    burn::module::Module::visit(model, &mut h);
+    h.0
+}
+
 impl<T: HostFloat> ForecastStream<T> {
     /// A stream at the start of a history.
     pub fn new<B: Backend>(model: &Forecaster<B>) -> Self {
         let map = model.feature_map();
-        let t_n = map.targets.len();
         let stack = StreamingStack::new(&model.mamba.backbone);
-        let state = stack.zero_state(t_n);
-        let d_model = model.mamba.config().d_model;
-        Self {
+        let weights = Weights {
             n_feat: map.n_feat(),
-            d_model,
+            d_model: model.mamba.config().d_model,
             horizon: model.spec().horizon,
-            inputs: vec![0.0; t_n * map.n_feat()],
-            refs: vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n],
-            u: vec![T::zero(); t_n * d_model],
-            hidden: vec![T::zero(); t_n * d_model],
-            encoder: RowEncoder::new(&map),
             stack,
-            state,
             input_w: host(model.mamba.input_proj.weight.val()),
             input_b: model.mamba.input_proj.bias.as_ref().map(|b| host(b.val())),
             head_w: host(model.mamba.output_proj.weight.val()),
             direct_w: model.direct.as_ref().map(|d| host(d.weight.val())),
             cycle: model.cycle_table().map(host),
             intervals: None,
+            fingerprint: fingerprint::<B, T>(model),
+        };
+        Self::start(Arc::new(weights), RowEncoder::new(&map), true)
+    }
+
+    fn start(weights: Arc<Weights<T>>, encoder: RowEncoder, helper: bool) -> Self {
+        let t_n = encoder.map().targets.len();
+        let d = weights.d_model;
+        let state = weights.stack.zero_state(t_n);
+        let state = if helper { state } else { state.with_helper(false) };
+        Self {
+            inputs: vec![0.0; t_n * weights.n_feat],
+            refs: vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n],
+            u: vec![T::zero(); t_n * d],
+            hidden: vec![T::zero(); t_n * d],
+            encoder,
+            state,
             recent: vec![Vec::new(); t_n],
+            rows: 0,
+            last_clock: None,
+            weights,
         }
+    }
+
+    /// A stream of the same model (sharing its weights and intervals) at the start of a
+    /// history. `helper`: whether its state may start a helper thread for large stacks
+    /// ([`StreamingState::with_helper`]); a bank of many series keeps one thread.
+    pub fn fresh(&self, helper: bool) -> Self {
+        Self::start(self.weights.clone(), RowEncoder::new(self.encoder.map()), helper)
+    }
+
+    /// Rows pushed since the start of the history.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The clock of the last row pushed.
+    pub fn last_clock(&self) -> Option<i64> {
+        self.last_clock
+    }
+
+    /// A hash of the model, its intervals and the host type: states saved by a stream restore
+    /// only into a stream of the same fingerprint.
+    pub fn fingerprint(&self) -> u64 {
+        self.weights.fingerprint
+    }
+
+    /// Bytes of this series' own state on the heap (the shared weights not counted).
+    pub fn state_bytes(&self) -> usize {
+        let t = std::mem::size_of::<T>();
+        self.state.heap_bytes()
+            + self.encoder.heap_bytes()
+            + self.inputs.capacity() * 8
+            + self.refs.capacity() * std::mem::size_of::<RowRef>()
+            + (self.u.capacity() + self.hidden.capacity()) * t
+            + self.recent.iter().map(|r| r.capacity() * 8).sum::<usize>()
+    }
+
+    /// Appends this series' state to `out`: every value the next forecasts depend on, bit for
+    /// bit (the scratch space aside).
+    pub fn save_state(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.rows);
+        put_u64(out, self.last_clock.is_some() as u64);
+        put_u64(out, self.last_clock.unwrap_or(0) as u64);
+        self.encoder.save(out);
+        for layer in 0..self.state.n_layer() {
+            for values in [self.state.conv(layer), self.state.ssm(layer)] {
+                put_f64s(out, values.iter().map(|v| ToPrimitive::to_f64(v).expect("a float converts")));
+            }
+        }
+        for recent in &self.recent {
+            put_f64s(out, recent.iter().copied());
+        }
+    }
+
+    /// This stream, after a stream of the same model saved `bytes` with
+    /// [`save_state`](Self::save_state), continues exactly as that one would.
+    ///
+    /// # Errors
+    /// A sentence saying what does not fit, when `bytes` is cut short or was saved by another
+    /// model.
+    pub fn restore_state(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let mut r = Reader::new(bytes);
+        self.restore_from(&mut r)?;
+        if !r.at_end() {
+            return Err("bytes left after the state".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn restore_from(&mut self, r: &mut Reader) -> Result<(), String> {
+        let mut next = self.fresh(self.state.has_helper());
+        next.rows = r.u64("the row count")?;
+        let has_clock = r.u64("the last clock")?;
+        let clock = r.u64("the last clock")? as i64;
+        next.last_clock = match has_clock {
+            0 => None,
+            1 => Some(clock),
+            other => return Err(format!("the last clock's flag is {other}, not 0 or 1")),
+        };
+        next.encoder.restore(r)?;
+        for layer in 0..next.state.n_layer() {
+            let conv = r.f64s_exact(next.state.conv(layer).len(), "a convolution state")?;
+            let ssm = r.f64s_exact(next.state.ssm(layer).len(), "a scan state")?;
+            let cast = |dst: &mut [T], src: Vec<f64>| -> Result<(), String> {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = <T as num_traits::NumCast>::from(s).ok_or("a state value does not fit the host type")?;
+                }
+                Ok(())
+            };
+            cast(next.state.conv_mut(layer), conv)?;
+            cast(next.state.ssm_mut(layer), ssm)?;
+        }
+        let keep = self.weights.intervals.as_ref().map_or(0, |iv| 2 * iv.memory().max(1) + 64);
+        for recent in &mut next.recent {
+            *recent = r.f64s_up_to(keep, "the recent values")?;
+        }
+        *self = next;
+        Ok(())
     }
 
     /// The same stream, also keeping what [`ForecastStream::quantiles`] needs (each target's
@@ -78,8 +230,11 @@ impl<T: HostFloat> ForecastStream<T> {
     /// [`ModelError::State`] when the intervals were made for another number of targets or
     /// steps.
     pub fn with_intervals(mut self, intervals: Intervals) -> Result<Self, ModelError> {
-        intervals.check(self.refs.len(), self.horizon).map_err(|why| ModelError::State { why })?;
-        self.intervals = Some(intervals);
+        intervals.check(self.refs.len(), self.weights.horizon).map_err(|why| ModelError::State { why })?;
+        let json = serde_json::to_vec(&intervals).expect("intervals serialise");
+        let w = Arc::make_mut(&mut self.weights);
+        w.fingerprint = fnv1a64(w.fingerprint, &json);
+        w.intervals = Some(intervals);
         Ok(self)
     }
 
@@ -87,7 +242,7 @@ impl<T: HostFloat> ForecastStream<T> {
     /// forecast `point` that the last [`ForecastStream::push`] returned; `None` without
     /// intervals.
     pub fn quantiles(&self, point: &[f64]) -> Option<Vec<f64>> {
-        self.intervals.as_ref().map(|iv| iv.quantiles(point, |t| &self.recent[t]))
+        self.weights.intervals.as_ref().map(|iv| iv.quantiles(point, |t| &self.recent[t]))
     }
 
     /// Adds one row (every input column, scaled as in training) at calendar clock `clock` and
@@ -102,7 +257,10 @@ impl<T: HostFloat> ForecastStream<T> {
             return Err(ModelError::State { why: format!("a row needs {want} values, got {}", row.len()) });
         }
         self.encoder.push(row, clock, &mut self.inputs, &mut self.refs);
-        if let Some(iv) = &self.intervals {
+        self.rows += 1;
+        self.last_clock = Some(clock);
+        let w = &*self.weights;
+        if let Some(iv) = &w.intervals {
             // Trimmed in bulk, so that keeping the last values costs O(1) per row.
             let keep = iv.memory().max(1);
             for (recent, &j) in self.recent.iter_mut().zip(&self.encoder.map().targets) {
@@ -112,30 +270,30 @@ impl<T: HostFloat> ForecastStream<T> {
                 }
             }
         }
-        let (f, d, h) = (self.n_feat, self.d_model, self.horizon);
+        let (f, d, h) = (w.n_feat, w.d_model, w.horizon);
         let t_n = self.refs.len();
         for c in 0..t_n {
             let x = &self.inputs[c * f..(c + 1) * f];
             for o in 0..d {
-                let mut acc = self.input_b.as_ref().map_or(0.0, |b| b[o]);
+                let mut acc = w.input_b.as_ref().map_or(0.0, |b| b[o]);
                 for (i, &v) in x.iter().enumerate() {
-                    acc += v * self.input_w[i * d + o];
+                    acc += v * w.input_w[i * d + o];
                 }
                 self.u[c * d + o] = <T as num_traits::NumCast>::from(acc).expect("finite");
             }
         }
-        self.stack.step(&mut self.state, &self.u, &mut self.hidden)?;
+        w.stack.step(&mut self.state, &self.u, &mut self.hidden)?;
         let mut y = vec![0.0; h * t_n];
         let mut out = vec![0.0; h];
         for c in 0..t_n {
             out.fill(0.0);
             for i in 0..d {
                 let v: f64 = num_traits::ToPrimitive::to_f64(&self.hidden[c * d + i]).expect("finite");
-                for (o, w) in out.iter_mut().zip(&self.head_w[i * h..(i + 1) * h]) {
+                for (o, w) in out.iter_mut().zip(&w.head_w[i * h..(i + 1) * h]) {
                     *o += v * w;
                 }
             }
-            if let Some(dw) = &self.direct_w {
+            if let Some(dw) = &w.direct_w {
                 for (i, &v) in self.inputs[c * f..(c + 1) * f].iter().enumerate() {
                     for (o, w) in out.iter_mut().zip(&dw[i * h..(i + 1) * h]) {
                         *o += v * w;
@@ -145,7 +303,7 @@ impl<T: HostFloat> ForecastStream<T> {
             let r = self.refs[c];
             for k in 0..h {
                 // As Forecaster::forward: (heads * scale + cycle) + level.
-                let cycle = self.cycle.as_ref().map_or(0.0, |q| q[r.cycle_row as usize * h + k]);
+                let cycle = w.cycle.as_ref().map_or(0.0, |q| q[r.cycle_row as usize * h + k]);
                 y[k * t_n + c] = (out[k] * r.scale + cycle) + r.level;
             }
         }

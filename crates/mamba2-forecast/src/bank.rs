@@ -46,27 +46,38 @@ impl<T: HostFloat> StreamBank<T> {
         Self { template: stream.fresh(false), streams: HashMap::new() }
     }
 
-    /// Adds one row of series `id` (as [`ForecastStream::push`]) and returns its forecast; or
-    /// `None`, with nothing changed, when `clock` is not after the clock of the id's last row:
-    /// that row is already in its state (a feed replayed after a restart).
+    /// Adds one row of series `id` (as [`ForecastStream::push`]) and returns its forecast.
     ///
     /// # Errors
     /// [`ModelError::State`] when `row` does not hold every input column or `id` is longer than
     /// [`MAX_ID_BYTES`].
-    pub fn push(&mut self, id: &str, row: &[f64], clock: i64) -> Result<Option<Vec<f64>>, ModelError> {
-        let stream = match self.streams.get_mut(id) {
-            Some(s) => s,
-            None => {
-                if id.len() > MAX_ID_BYTES {
-                    return Err(ModelError::State { why: format!("an id of {} bytes, at most {MAX_ID_BYTES}", id.len()) });
-                }
-                self.streams.entry(id.to_string()).or_insert_with(|| self.template.fresh(false))
-            }
-        };
+    pub fn push(&mut self, id: &str, row: &[f64], clock: i64) -> Result<Vec<f64>, ModelError> {
+        self.series(id)?.push(row, clock)
+    }
+
+    /// [`push`](Self::push), but `None`, with nothing changed, when `clock` is not after the
+    /// clock of the id's last row: that row is taken to be in its state already (a feed
+    /// replayed from before a saved state).
+    ///
+    /// # Errors
+    /// As [`push`](Self::push).
+    pub fn push_new(&mut self, id: &str, row: &[f64], clock: i64) -> Result<Option<Vec<f64>>, ModelError> {
+        let stream = self.series(id)?;
         if stream.last_clock().is_some_and(|last| clock <= last) {
             return Ok(None);
         }
         stream.push(row, clock).map(Some)
+    }
+
+    /// The stream of `id`, started fresh if it is new.
+    fn series(&mut self, id: &str) -> Result<&mut ForecastStream<T>, ModelError> {
+        if !self.streams.contains_key(id) {
+            if id.len() > MAX_ID_BYTES {
+                return Err(ModelError::State { why: format!("an id of {} bytes, at most {MAX_ID_BYTES}", id.len()) });
+            }
+            self.streams.insert(id.to_string(), self.template.fresh(false));
+        }
+        Ok(self.streams.get_mut(id).expect("inserted"))
     }
 
     /// The stream of `id`, if it has had a row.
@@ -278,7 +289,7 @@ mod tests {
         for (id, r) in interleaved(ids, per_id) {
             let (row, clock) = row_of(&f, id, r);
             let name = format!("series-{id}");
-            let point = bank.push(&name, &row, clock).unwrap().expect("a new row");
+            let point = bank.push_new(&name, &row, clock).unwrap().expect("a new row");
             let q = bank.quantiles(&name, &point).unwrap();
             got[id].push((point, q));
         }
@@ -296,7 +307,7 @@ mod tests {
         // The rows of an id at or before its last clock are already in its state.
         let before = bank.to_bytes();
         let (row, clock) = row_of(&f, 3, per_id - 1);
-        assert_eq!(bank.push("series-3", &row, clock).unwrap(), None);
+        assert_eq!(bank.push_new("series-3", &row, clock).unwrap(), None);
         assert_eq!(bank.to_bytes(), before);
         let per_series = bank.state_bytes() / ids;
         assert!((1_000..100_000).contains(&per_series), "{per_series} bytes per series");
@@ -312,7 +323,7 @@ mod tests {
                 .map(|&(id, r)| {
                     let (row, clock) = row_of(&f, id, r);
                     let name = format!("{id}");
-                    let mut p = bank.push(&name, &row, clock).unwrap().unwrap();
+                    let mut p = bank.push(&name, &row, clock).unwrap();
                     p.extend(bank.quantiles(&name, &p).unwrap());
                     p
                 })

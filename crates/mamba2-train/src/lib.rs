@@ -120,6 +120,7 @@ impl From<mamba2_forecast::ForecastError> for TrainError {
         match e {
             mamba2_forecast::ForecastError::Data(e) => e.into(),
             mamba2_forecast::ForecastError::Model(e) => TrainError::Model(e),
+            mamba2_forecast::ForecastError::State { path, why } => TrainError::Data { origin: format!("state file {path}"), why },
         }
     }
 }

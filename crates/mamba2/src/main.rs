@@ -21,7 +21,7 @@ use mamba2_data::calendar::Calendar;
 use mamba2_data::quantile::{central_pairs, level_name, Calibration};
 use mamba2_data::{repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_forecast::features::Truth;
-use mamba2_forecast::{series_major_to_rows, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss};
+use mamba2_forecast::{series_major_to_rows, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, StreamBank};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::{trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
@@ -280,6 +280,18 @@ struct StreamArgs {
     /// Date/time column, read for the calendar (default: as in training).
     #[arg(long)]
     date_column: Option<String>,
+    /// Column naming each row's series: rows of many series interleaved, each id advancing
+    /// its own state (a new id starts a fresh history); the output starts with the id
+    #[arg(long)]
+    id_column: Option<String>,
+    /// State file: restored at the start when it exists, saved atomically at the end of the
+    /// input, on SIGTERM, SIGINT or SIGHUP, and every --state-every rows. After a restart, rows
+    /// dated at or before their series' last row are skipped (already in the state)
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Rows between saves of --state
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    state_every: u64,
     #[command(flatten)]
     backend: Backend,
 }
@@ -1177,27 +1189,97 @@ fn with_intervals<T: mamba2_model::HostFloat>(stream: ForecastStream<T>, c: Opti
     })
 }
 
-/// Reads CSV rows from stdin (header first) and prints the forecast after each.
+/// `id` as a CSV field: quoted where it holds a comma, a quote or a line break.
+fn csv_field(id: &str) -> String {
+    if id.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", id.replace('"', "\"\""))
+    } else {
+        id.to_string()
+    }
+}
+
+/// Saves the bank to `path`, naming why in an error.
+fn save_bank<T: mamba2_model::HostFloat>(bank: &StreamBank<T>, path: &std::path::Path) -> Result<()> {
+    bank.save(path).with_context(|| format!("cannot save the stream state to {}", path.display()))
+}
+
+/// Reads CSV rows from stdin (header first) and prints the forecast after each: one series, or
+/// with `--id-column` many, each its own state in a [`StreamBank`].
 fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
-    mut stream: ForecastStream<T>,
+    stream: ForecastStream<T>,
     model: &Forecaster<B>,
     scaler: &Scaler,
     spec: &ForecastSpec,
     calibration: Option<&Calibration>,
     a: &StreamArgs,
 ) -> Result<()> {
+    let bank = std::sync::Arc::new(std::sync::Mutex::new(StreamBank::new(&stream)));
+    if let Some(path) = &a.state {
+        remove_stale_temporaries(path);
+        if path.exists() {
+            let n = bank.lock().expect("not poisoned").restore(path)?;
+            eprintln!("state     {}: {n} series restored", path.display());
+        }
+        // A signal saves every state as it stands after the last whole row, then ends the
+        // process: the lock is held while a row is pushed and printed.
+        let mut signals =
+            signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP])
+                .context("cannot listen for signals")?;
+        let (bank, path) = (bank.clone(), path.clone());
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let bank = bank.lock().unwrap_or_else(|e| e.into_inner());
+                match save_bank(&bank, &path) {
+                    Ok(()) => {
+                        eprintln!("state     {}: {} series saved on signal {sig}", path.display(), bank.len());
+                        std::process::exit(0)
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        std::process::exit(1)
+                    }
+                }
+            }
+        });
+    }
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
+    let id_at = match &a.id_column {
+        Some(name) => {
+            let cells = csv_cells(&header);
+            Some(
+                cells
+                    .iter()
+                    .position(|c| c == name)
+                    .with_context(|| format!("stdin: no column `{name}` (--id-column) in the header ({})", cells.join(",")))?,
+            )
+        }
+        None => None,
+    };
     // Buffered and flushed once per input row: a reader gets each row's forecast whole as soon
     // as it is made, without one write per printed line.
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    writeln!(out, "row,step,{}", forecast_header(&spec.targets, calibration))?;
+    let id_head = if id_at.is_some() { "id," } else { "" };
+    writeln!(out, "{id_head}row,step,{}", forecast_header(&spec.targets, calibration))?;
+    let (mut since_save, mut skipped) = (0u64, 0u64);
     for (i, line) in lines.enumerate() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
+        let at = format!("stdin line {}", i + 2);
+        let id = match id_at {
+            Some(k) => {
+                let cells = csv_cells(&line);
+                let id = cells
+                    .get(k)
+                    .filter(|c| !c.is_empty())
+                    .with_context(|| format!("{at}: no id in column `{}`", a.id_column.as_deref().unwrap_or_default()))?;
+                id.clone()
+            }
+            None => String::new(),
+        };
         let table = Table::from_header_and_row(
             &header,
             &line,
@@ -1205,20 +1287,67 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             "stdin",
             &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
         )?;
+        let mut bank = bank.lock().expect("not poisoned");
         let clock = match (&spec.calendar, &table.times) {
             (Some(cal), Some(t)) => cal.clock(t[0]),
-            (Some(_), None) => {
-                bail!("stdin line {}: the model reads the calendar from a date column; this row has none that reads as a date", i + 2)
-            }
-            (None, _) => i as i64,
+            (Some(_), None) => bail!("{at}: the model reads the calendar from a date column; this row has none that reads as a date"),
+            // The model reads no calendar: the clock only orders a series' rows.
+            (None, Some(t)) => t[0],
+            (None, None) => bank.stream(&id).map_or(0, |s| s.rows() as i64) + 1,
         };
-        let row = scaler.transform_row(&table.rows[0], &spec.features, &format!("stdin line {}", i + 2))?;
-        let pred = stream.push(&row, clock)?;
-        let quantiles = stream.quantiles(&pred);
-        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), scaler, &format!("{},", i + 1))?;
+        let row = scaler.transform_row(&table.rows[0], &spec.features, &at)?;
+        // With a state file, a feed restarted from before the saved rows skips them; without
+        // one every row counts, as in `predict`.
+        let pred = if a.state.is_some() { bank.push_new(&id, &row, clock) } else { bank.push(&id, &row, clock).map(Some) };
+        let Some(pred) = pred.with_context(|| at.clone())? else {
+            skipped += 1;
+            continue;
+        };
+        let this = bank.stream(&id).expect("pushed");
+        let quantiles = this.quantiles(&pred);
+        let prefix = match id_at {
+            Some(_) => format!("{},{},", csv_field(&id), this.rows()),
+            None => format!("{},", this.rows()),
+        };
+        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), scaler, &prefix)?;
         out.flush()?;
+        since_save += 1;
+        if let Some(path) = a.state.as_ref().filter(|_| since_save >= a.state_every) {
+            save_bank(&bank, path)?;
+            since_save = 0;
+        }
+    }
+    let bank = bank.lock().expect("not poisoned");
+    if skipped > 0 {
+        eprintln!("skipped   {skipped} rows dated at or before their series' last row (already in the state)");
+    }
+    if let Some(path) = &a.state {
+        save_bank(&bank, path)?;
+        eprintln!("state     {}: {} series saved", path.display(), bank.len());
     }
     Ok(())
+}
+
+/// Removes the temporary files of `path` that a save cut short by SIGKILL left beside it
+/// (`.<name>.tmp-<pid>`): one process streams into a state file at a time.
+fn remove_stale_temporaries(path: &std::path::Path) {
+    let (Some(name), dir) = (path.file_name(), path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")))
+    else {
+        return;
+    };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let file = entry.file_name().to_string_lossy().to_string();
+        if file.strip_prefix(&prefix).is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The cells of one CSV line, trimmed.
+fn csv_cells(line: &str) -> Vec<String> {
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(line.as_bytes());
+    reader.records().next().and_then(|r| r.ok()).map_or_else(Vec::new, |r| r.iter().map(str::to_string).collect())
 }
 
 /// burn-collective answers a lost worker by panicking on its own threads (and the exchange

@@ -1149,3 +1149,170 @@ fn backtest_of_one_fold_without_refit_equals_eval() {
     );
     assert_eq!(eval, want);
 }
+
+/// A long-format panel of `ids` series in column `a` (the tiny model's one column), hourly,
+/// each series with its own start and length, the rows interleaved by date.
+fn panel_csv(ids: usize) -> (String, Vec<(String, Vec<String>)>) {
+    let mut series = Vec::new();
+    for k in 0..ids {
+        let (start, len) = (k % 7, 60 + k % 11);
+        let rows: Vec<(usize, String)> = (start..start + len)
+            .map(|t| {
+                let v = (1.0 + 0.1 * k as f64) * ((t as f64 + k as f64) * 0.3).sin() + 0.02 * t as f64;
+                (t, format!("{},{v}", crate::common::stamp(1_577_836_800 + 3600 * t as i64)))
+            })
+            .collect();
+        series.push((format!("s{k}"), rows));
+    }
+    let mut text = String::from("date,id,a\n");
+    let end = series.iter().map(|(_, r)| r.last().unwrap().0).max().unwrap();
+    for t in 0..=end {
+        // A rotating order within each hour: interleaved, not grouped.
+        for j in 0..ids {
+            let (id, rows) = &series[(j + 3 * t) % ids];
+            if let Some((_, line)) = rows.iter().find(|(u, _)| *u == t) {
+                let (date, v) = line.split_once(',').unwrap();
+                text += &format!("{date},{id},{v}\n");
+            }
+        }
+    }
+    let alone = series.into_iter().map(|(id, rows)| (id, rows.into_iter().map(|(_, l)| l).collect())).collect();
+    (text, alone)
+}
+
+/// `stream --id-column` over `input`, with `extra` flags; stops it after `lines` lines of
+/// output with `signal` (9 or 15), or lets it finish. Returns the output lines read after the
+/// header, the exit code and stderr.
+fn stream_panel(ckpt: &Path, input: &Path, extra: &[&str], stop: Option<(usize, i32)>) -> (Vec<String>, Option<i32>, String) {
+    use std::io::{BufRead, Read};
+    let mut child = bin()
+        .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64", "--id-column", "id"])
+        .args(extra)
+        .stdin(Stdio::from(std::fs::File::open(input).unwrap()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {
+        lines.push(line.trim_end().to_string());
+        line.clear();
+        if let Some((n, sig)) = stop {
+            if lines.len() == n + 1 {
+                // SAFETY: `kill` on the child's pid, which has not been waited for yet.
+                assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+                break;
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    if !lines.is_empty() {
+        assert!(lines[0].starts_with("id,row,step,a"), "{}", lines[0]);
+        lines.remove(0);
+    }
+    (lines, status.code(), stderr)
+}
+
+#[test]
+fn stream_of_interleaved_ids_equals_each_alone_and_resumes_from_its_state_file() {
+    let dir = scratch("panel");
+    let csv = dir.join("data.csv");
+    std::fs::write(&csv, synthetic_csv(400)).unwrap();
+    let o = train_tiny(&dir, &csv, &["--no-repeat-check", "--columns", "a"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ckpt = dir.join("run/best.ckpt");
+    let (panel, alone) = panel_csv(60);
+    let input = dir.join("panel.csv");
+    std::fs::write(&input, &panel).unwrap();
+
+    // Interleaved: each id's forecasts are those of streaming its rows alone, bit for bit (the
+    // printed shortest digits of each f64).
+    let (whole, code, stderr) = stream_panel(&ckpt, &input, &[], None);
+    assert_eq!(code, Some(0), "{stderr}");
+    let by_key: std::collections::HashMap<String, String> =
+        whole.iter().map(|l| (l.splitn(4, ',').take(3).collect::<Vec<_>>().join(","), l.clone())).collect();
+    assert_eq!(by_key.len(), whole.len());
+    for (id, rows) in alone.iter().step_by(7) {
+        let one = dir.join(format!("{id}.csv"));
+        std::fs::write(&one, format!("date,a\n{}\n", rows.join("\n"))).unwrap();
+        let o =
+            run(bin().args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"]).stdin(std::fs::File::open(&one).unwrap()));
+        assert!(o.status.success());
+        let own: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().skip(1).map(|l| format!("{id},{l}")).collect();
+        assert_eq!(own.len(), rows.len() * 3);
+        let mine: Vec<&String> = whole.iter().filter(|l| l.starts_with(&format!("{id},"))).collect();
+        assert_eq!(mine, own.iter().collect::<Vec<_>>(), "id {id}");
+    }
+
+    // Killed with SIGKILL at three points, each restart fed the whole input again: every line
+    // printed after a restart is the uninterrupted run's.
+    let state = dir.join("state.bin");
+    let flags = ["--state", state.to_str().unwrap(), "--state-every", "97"];
+    let mut printed = 0;
+    for (n, sig) in [(600, 9), (1500, 9), (400, 15), (900, 9)] {
+        let (lines, code, stderr) = stream_panel(&ckpt, &input, &flags, Some((n, sig)));
+        assert_eq!(lines.len(), n, "{stderr}");
+        if sig == 15 {
+            // SIGTERM: the states as they stood after the last whole row, saved, and a clean exit.
+            assert_eq!(code, Some(0), "{stderr}");
+            assert!(stderr.contains("series saved on signal"), "{stderr}");
+        }
+        for l in &lines {
+            let key = l.splitn(4, ',').take(3).collect::<Vec<_>>().join(",");
+            assert_eq!(by_key.get(&key), Some(l), "after a restart");
+        }
+        if printed > 0 {
+            // It continued from the saved rows: the feed's first rows (each id's first) are
+            // skipped, not forecast again.
+            assert!(stderr.contains(" series restored"), "{stderr}");
+            let row: usize = lines[0].split(',').nth(1).unwrap().parse().unwrap();
+            assert!(row > 1, "a restarted run began again at {}", lines[0]);
+        }
+        printed += lines.len();
+    }
+    let (lines, code, stderr) = stream_panel(&ckpt, &input, &flags, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("rows dated at or before their series' last row"), "{stderr}");
+    for l in &lines {
+        let key = l.splitn(4, ',').take(3).collect::<Vec<_>>().join(",");
+        assert_eq!(by_key.get(&key), Some(l), "after the last restart");
+    }
+    assert!(printed > 0 && lines.last() == whole.last(), "the last run ends where the uninterrupted one does");
+    // A save cut by SIGKILL leaves its temporary file; the next start removes it.
+    assert!(walk(&dir).iter().all(|p| !p.to_string_lossy().contains("state.bin.tmp")), "a temporary state file left");
+
+    // A damaged or foreign state file: one line, exit 1, and the file is left as it was.
+    let good = std::fs::read(&state).unwrap();
+    let mut damaged = good.clone();
+    let at = damaged.len() - 5;
+    damaged[at] ^= 0x10;
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let o = train_tiny(&other, &csv, &["--no-repeat-check", "--columns", "a", "--seed", "7"]);
+    assert!(o.status.success());
+    let foreign_state = other.join("state.bin");
+    let (_, code, _) = stream_panel(&other.join("run/best.ckpt"), &input, &["--state", foreign_state.to_str().unwrap()], None);
+    assert_eq!(code, Some(0));
+    let foreign = std::fs::read(&foreign_state).unwrap();
+    for (bytes, says) in [(damaged, "checksum does not match"), (foreign, "saved by another model"), (good[..20].to_vec(), "")] {
+        std::fs::write(&state, &bytes).unwrap();
+        let (_, code, stderr) = stream_panel(&ckpt, &input, &flags, None);
+        assert_eq!((code, stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
+        assert!(stderr.starts_with("error: state file ") && stderr.contains(says), "{stderr}");
+        assert_eq!(std::fs::read(&state).unwrap(), bytes, "the file was overwritten");
+    }
+
+    // An input without the id column, or a row without an id: one line naming it.
+    std::fs::write(&input, panel.replacen("date,id,a", "date,name,a", 1)).unwrap();
+    let (_, code, stderr) = stream_panel(&ckpt, &input, &[], None);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no column `id` (--id-column) in the header (date,name,a)"), "{stderr}");
+    std::fs::write(&input, "date,id,a\n2020-01-01 00:00:00,,1.5\n").unwrap();
+    let (_, code, stderr) = stream_panel(&ckpt, &input, &[], None);
+    assert_eq!((code, stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
+    assert!(stderr.contains("stdin line 2: no id in column `id`"), "{stderr}");
+}

@@ -8,6 +8,30 @@
 //! bytes, the length of its state and the state ([`ForecastStream::save_state`]). The checksum
 //! turns a damaged file into an error before any state is read, and the fingerprint (a hash of
 //! the model's spec, weights, intervals and host type) one saved by another model.
+//!
+//! Two series through the crate's fixture model, saved and continued in a new bank:
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use mamba2_forecast::{open_forecaster, ForecastStream, StreamBank};
+//!
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+//! let opened = open_forecaster::<NdArray<f64>>(format!("{dir}/tiny.ckpt").as_ref(), &Default::default()).unwrap();
+//! let mut bank = StreamBank::new(&ForecastStream::<f64>::new(&opened.model));
+//! // Scaled rows (`load`, `temp`) and the calendar's clock of each, as `ForecastStream::push` takes them.
+//! for hour in 0..48 {
+//!     bank.push("north", &[0.1 * hour as f64, 0.2], 1_000 + hour).unwrap();
+//!     bank.push("south", &[-0.3, 0.05 * hour as f64], 1_000 + hour).unwrap();
+//! }
+//! let path = std::env::temp_dir().join(format!("bank-doc-{}.state", std::process::id()));
+//! bank.save(&path).unwrap();
+//! let mut restarted = StreamBank::new(&ForecastStream::<f64>::new(&opened.model));
+//! assert_eq!(restarted.restore(&path).unwrap(), 2);
+//! assert_eq!(restarted.push("north", &[4.8, 0.2], 1_048).unwrap(), bank.push("north", &[4.8, 0.2], 1_048).unwrap());
+//! // A row at or before a series' last clock is already in its state.
+//! assert_eq!(restarted.push_new("south", &[-0.3, 2.35], 1_047).unwrap(), None);
+//! std::fs::remove_file(&path).unwrap();
+//! ```
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -10,6 +10,8 @@
 //! - [`features`]: what the model reads at each row, from the past alone ([`features::RowEncoder`]).
 //! - [`ForecastStream`]: the same model one row at a time on the host, equal to
 //!   [`Forecaster::forecast_history`] over the same rows.
+//! - [`StreamBank`]: one stream state per series id over shared weights (about 18 KB per series
+//!   at the default size), saved to a state file and restored bit for bit.
 //! - [`open_forecaster`]: a checkpoint from anyone (sizes bounded before memory is reserved),
 //!   with the [`Scaler`](data::Scaler) it was trained with.
 //! - [`data`]: the tables, calendar, splits and scaler of `mamba2-data`, re-exported.

@@ -16,6 +16,13 @@
 //!   validation chooses on ETTh1 H 96). Each measured row alternates with an unmeasured row of
 //!   the other stream, as for the train steps.
 //!
+//! - `forecast/bank_row/N`: one incoming row of one of N = 1,000 series, interleaved round
+//!   robin, through a `StreamBank` (f32, one thread) of the default single-series model (L 96,
+//!   H 96, ETTh1's `OT` column's shape) with intervals scaled by the std of the last 336 values,
+//!   the quantiles taken after every row; each series has had 700 rows first. `N` = 1 is the
+//!   same model with one series, measured alternately with it. The bytes of state per series
+//!   are printed beside it.
+//!
 //! - `forecast/workers/W`: one epoch of 16 default train steps (batch 32, the embedded ETTh1,
 //!   validation on 16 windows) through `train_workers` with W = 1 and 2 data-parallel workers in
 //!   this process: the cost of splitting each step and summing the gradients. On two cores no
@@ -32,7 +39,7 @@ use burn::tensor::Distribution;
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use mamba2_data::quantile::{Intervals, ScaleKind};
 use mamba2_forecast::features::Truth;
-use mamba2_forecast::{ForecastStream, ForecasterConfig};
+use mamba2_forecast::{ForecastStream, ForecasterConfig, StreamBank};
 use mamba2_model::Mamba2Stack;
 use mamba2_optim::{AdamW, AdamWConfig};
 use mamba2_train::{train_step, train_workers, Prepared, RunDir, TrainConfig};
@@ -200,6 +207,75 @@ fn stream_rows_quantiles(c: &mut Criterion) {
     group.finish();
 }
 
+/// Resident memory of this process, from `/proc/self/statm` (0 where there is none).
+fn resident_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<usize>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn bank_rows(c: &mut Criterion) {
+    let data = etth1();
+    let device = Default::default();
+    let mut group = c.benchmark_group("forecast/bank_row");
+    group.sample_size(30).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_secs(1));
+    <Flex as Backend>::seed(&device, 0);
+    // One series per id: the last column (OT) and the calendar, as `train --columns OT` builds.
+    let ot = data.columns.len() - 1;
+    let config = ForecasterConfig::defaults(96, 96, vec!["OT".into()], vec!["OT".into()], data.calendar.clone());
+    let model = config.init::<Flex>(&device).unwrap();
+    let stream = ForecastStream::<f32>::new(&model).with_intervals(intervals(ScaleKind::LevelStd, 336, 1, 96)).unwrap();
+    let n = 1000;
+    // Series `k` reads column `k % 7` from its own offset.
+    let row_of = |k: usize, r: usize| {
+        let i = (k * 37 + r) % data.rows.len();
+        ([data.rows[i][k % data.columns.len()]], data.clock[i])
+    };
+    let before = resident_bytes();
+    let mut bank = StreamBank::new(&stream);
+    let ids: Vec<String> = (0..n).map(|k| format!("series-{k}")).collect();
+    let warm = 700;
+    for r in 0..warm {
+        for (k, id) in ids.iter().enumerate() {
+            let (row, clock) = row_of(k, r);
+            bank.push(id, &row, clock).unwrap();
+        }
+    }
+    eprintln!(
+        "forecast/bank_row/{n}: {} bytes of state per series (StreamBank::state_bytes), {} bytes resident per series",
+        bank.state_bytes() / n,
+        resident_bytes().saturating_sub(before) / n
+    );
+    let mut alone = stream.fresh(false);
+    for r in 0..warm {
+        let (row, clock) = row_of(ot, r);
+        alone.push(&row, clock).unwrap();
+    }
+    let (mut i, mut r_alone) = (0usize, warm);
+    let mut alternate = |b: &mut criterion::Bencher, many: bool| {
+        b.iter_custom(|iters| {
+            alternately(iters, |measured| {
+                if measured == many {
+                    let (k, r) = (i % n, warm + i / n);
+                    i += 1;
+                    let (row, clock) = row_of(k, r);
+                    let point = bank.push(&ids[k], &row, clock).unwrap();
+                    criterion::black_box(bank.quantiles(&ids[k], &point).unwrap());
+                } else {
+                    let (row, clock) = row_of(ot, r_alone);
+                    r_alone += 1;
+                    let point = alone.push(&row, clock).unwrap();
+                    criterion::black_box(alone.quantiles(&point).unwrap());
+                }
+            })
+        })
+    };
+    group.bench_function(BenchmarkId::from_parameter(1), |b| alternate(b, false));
+    group.bench_function(BenchmarkId::from_parameter(n), |b| alternate(b, true));
+    group.finish();
+}
+
 fn workers(c: &mut Criterion) {
     let data = etth1();
     // 16 steps of 32 windows from the training rows, and 16 validation windows.
@@ -229,7 +305,7 @@ fn workers(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(forecast, train_steps, stream_rows, stream_rows_quantiles, workers);
+criterion_group!(forecast, train_steps, stream_rows, stream_rows_quantiles, bank_rows, workers);
 
 fn main() {
     mamba2_train::keep_freed_memory();

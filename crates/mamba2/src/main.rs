@@ -290,7 +290,7 @@ struct StreamArgs {
     #[arg(long)]
     state: Option<PathBuf>,
     /// Rows between saves of --state
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10_000, value_parser = rows_between_saves)]
     state_every: u64,
     #[command(flatten)]
     backend: Backend,
@@ -1200,7 +1200,16 @@ fn csv_field(id: &str) -> String {
 
 /// Saves the bank to `path`, naming why in an error.
 fn save_bank<T: mamba2_model::HostFloat>(bank: &StreamBank<T>, path: &std::path::Path) -> Result<()> {
-    bank.save(path).with_context(|| format!("cannot save the stream state to {}", path.display()))
+    bank.save(path).context("cannot save the stream state")
+}
+
+/// `--state-every`: a count of rows, at least 1.
+fn rows_between_saves(s: &str) -> std::result::Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("a state is saved at least every row: give 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("not a count of rows".into()),
+    }
 }
 
 /// Reads CSV rows from stdin (header first) and prints the forecast after each: one series, or
@@ -1220,6 +1229,9 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             let n = bank.lock().expect("not poisoned").restore(path)?;
             eprintln!("state     {}: {n} series restored", path.display());
         }
+        // Written now (the restored states, unchanged), so that a file that cannot be written
+        // stops the stream before its first row, not after its last.
+        save_bank(&bank.lock().expect("not poisoned"), path)?;
         // A signal saves every state as it stands after the last whole row, then ends the
         // process: the lock is held while a row is pushed and printed.
         let mut signals =

@@ -1315,4 +1315,11 @@ fn stream_of_interleaved_ids_equals_each_alone_and_resumes_from_its_state_file()
     let (_, code, stderr) = stream_panel(&ckpt, &input, &[], None);
     assert_eq!((code, stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
     assert!(stderr.contains("stdin line 2: no id in column `id`"), "{stderr}");
+    // A state file that cannot be written stops the stream before its first row.
+    let (lines, code, stderr) = stream_panel(&ckpt, &input, &["--state", "/nonexistent/dir/s.bin"], None);
+    assert_eq!((code, lines.len()), (Some(1), 0), "{stderr}");
+    assert!(stderr.contains("cannot save the stream state: /nonexistent/dir/s.bin: No such file"), "{stderr}");
+    let (_, code, stderr) = stream_panel(&ckpt, &input, &["--state-every", "0"], None);
+    assert_eq!((code, stderr.trim_end().lines().count()), (Some(2), 1), "{stderr}");
+    assert!(stderr.contains("a state is saved at least every row"), "{stderr}");
 }

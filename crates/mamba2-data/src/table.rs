@@ -60,6 +60,17 @@ impl Table {
     /// text. Every chosen cell must be a finite number; the error names the file, the line (or
     /// the Parquet row) and the column of the first one that is not.
     pub fn from_path(path: &Path, choice: &ColumnChoice) -> Result<Self, DataError> {
+        Self::read_path(path, choice, None).map(|(table, _)| table)
+    }
+
+    /// [`from_path`](Self::from_path) of a file in long format, whose column `id_column` names
+    /// each row's series: the table of the other columns, and each row's id (a number's cell
+    /// as written). An empty id is an error naming its line (or Parquet row).
+    pub fn from_path_with_ids(path: &Path, id_column: &str, choice: &ColumnChoice) -> Result<(Self, Vec<String>), DataError> {
+        Self::read_path(path, choice, Some(id_column))
+    }
+
+    fn read_path(path: &Path, choice: &ColumnChoice, id_column: Option<&str>) -> Result<(Self, Vec<String>), DataError> {
         let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.display().to_string(), cause: source })?;
         let origin = path.display().to_string();
         if is_parquet(&bytes) {
@@ -69,7 +80,7 @@ impl Table {
                 let n = columns.first().map_or(0, Vec::len);
                 let mut cells: Vec<_> = columns.into_iter().map(|c| c.into_iter()).collect();
                 let rows = (0..n).map(move |r| Ok((r + 1, cells.iter_mut().map(|c| c.next().unwrap_or(Cell::Null)).collect())));
-                return Self::from_cells(header, rows, &origin, choice, RowNames::Rows);
+                return Self::split_ids(header, rows, &origin, choice, RowNames::Rows, id_column);
             }
             #[cfg(not(feature = "parquet"))]
             return Err(DataError::Data {
@@ -84,7 +95,47 @@ impl Table {
             origin: origin.clone(),
             why: format!("not UTF-8 text (invalid byte at offset {}); CSV must be UTF-8", e.utf8_error().valid_up_to()),
         })?;
-        Self::from_csv_str(&text, &origin, choice)
+        Self::parse_csv_ids(&text, &origin, choice, 0, id_column)
+    }
+
+    /// [`from_cells`](Self::from_cells) of every column but `id_column` (when given), and the
+    /// ids it held.
+    fn split_ids(
+        mut header: Vec<String>,
+        rows: impl Iterator<Item = Result<(usize, Vec<Cell>), DataError>>,
+        source: &str,
+        choice: &ColumnChoice,
+        names: RowNames,
+        id_column: Option<&str>,
+    ) -> Result<(Self, Vec<String>), DataError> {
+        let Some(name) = id_column else {
+            return Ok((Self::from_cells(header, rows, source, choice, names)?, Vec::new()));
+        };
+        let err = |why: String| DataError::Data { origin: source.to_string(), why };
+        let k =
+            header.iter().position(|h| h == name).ok_or_else(|| err(format!("no id column `{name}` (columns: {})", header.join(", "))))?;
+        header.remove(k);
+        let mut ids = Vec::new();
+        let mut kept = Vec::new();
+        for row in rows {
+            let (n, mut cells) = row?;
+            let at = match names {
+                RowNames::Lines => format!("line {n}"),
+                RowNames::Rows => format!("row {n}"),
+            };
+            let id = match cells.get(k) {
+                Some(Cell::Null) | None => String::new(),
+                Some(Cell::Time(_)) => return Err(err(format!("{at}, column `{name}`: a timestamp is not an id"))),
+                Some(c) => c.shown(),
+            };
+            if id.is_empty() {
+                return Err(err(format!("{at}, column `{name}`: no id")));
+            }
+            cells.remove(k);
+            ids.push(id);
+            kept.push(Ok((n, cells)));
+        }
+        Ok((Self::from_cells(header, kept.into_iter(), source, choice, names)?, ids))
     }
 
     /// Reads the CSV file at `path` (see [`Table::from_path`], which also reads Parquet).
@@ -112,6 +163,16 @@ impl Table {
 
     /// `text` as CSV, its data lines numbered from the file's (plus `skip`) in errors.
     fn parse_csv(text: &str, source: &str, choice: &ColumnChoice, skip: usize) -> Result<Self, DataError> {
+        Self::parse_csv_ids(text, source, choice, skip, None).map(|(table, _)| table)
+    }
+
+    fn parse_csv_ids(
+        text: &str,
+        source: &str,
+        choice: &ColumnChoice,
+        skip: usize,
+        id_column: Option<&str>,
+    ) -> Result<(Self, Vec<String>), DataError> {
         let err = |why: String| DataError::Data { origin: source.to_string(), why };
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
@@ -133,7 +194,7 @@ impl Table {
             )));
         }
         let rows = records.map(|r| r.map(|(line, cells)| (line + skip, cells)));
-        Self::from_cells(header, rows, source, choice, RowNames::Lines)
+        Self::split_ids(header, rows, source, choice, RowNames::Lines, id_column)
     }
 
     /// The table of `header` and `rows` (each with its line or row number for errors): the
@@ -277,6 +338,27 @@ mod tests {
         let bad = "date,x\n1,2\n2,oops\n";
         let e = Table::from_csv_str(bad, "inline", &ColumnChoice::default()).unwrap_err();
         assert_eq!(e.to_string(), "inline: line 3, column `x`: `oops` is not a number");
+    }
+
+    #[test]
+    fn a_long_file_gives_each_row_its_id() {
+        let dir = std::env::temp_dir().join(format!("mamba2-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("long.csv");
+        std::fs::write(&path, "date,id,y\n2024-01-01,a,1.5\n2024-01-01,\"b,c\",2\n2024-01-02,7,3\n").unwrap();
+        let (table, ids) = Table::from_path_with_ids(&path, "id", &ColumnChoice::default()).unwrap();
+        assert_eq!((table.columns.clone(), ids), (vec!["y".to_string()], vec!["a".into(), "b,c".into(), "7".into()]));
+        assert_eq!(table.rows, vec![vec![1.5], vec![2.0], vec![3.0]]);
+        assert_eq!(table.times.as_ref().map(Vec::len), Some(3));
+        for (text, says) in [
+            ("date,id,y\n2024-01-01,a,1\n2024-01-02,,2\n", "long.csv: line 3, column `id`: no id"),
+            ("date,name,y\n2024-01-01,a,1\n", "long.csv: no id column `id` (columns: date, name, y)"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = Table::from_path_with_ids(&path, "id", &ColumnChoice::default()).unwrap_err().to_string();
+            assert!(e.ends_with(says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

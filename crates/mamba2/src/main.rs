@@ -267,6 +267,13 @@ struct UseArgs {
     /// for the windows that end at or after this row.
     #[arg(long)]
     continuous_from: Option<usize>,
+    /// predict: the column naming each row's series in a long-format file; each id's rows (in
+    /// file order) are a history of their own, and each gets its forecast
+    #[arg(long)]
+    id_column: Option<String>,
+    /// predict: with --id-column, forecast only this id
+    #[arg(long)]
+    id: Option<String>,
     #[command(flatten)]
     data: DataArgs,
     #[command(flatten)]
@@ -1079,6 +1086,9 @@ fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
 }
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
+    if a.id_column.is_some() {
+        bail!("eval scores one table of series; --id-column is read by predict and stream");
+    }
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
@@ -1156,8 +1166,65 @@ fn forecast_header(targets: &[String], calibration: Option<&Calibration>) -> Str
     cols.join(",")
 }
 
+/// `predict --id-column`: each id's rows are a history of their own (what `predict` gives on a
+/// file of that id's rows alone), forecast one after the other.
+fn predict_ids<B: burn::prelude::Backend>(
+    a: &UseArgs,
+    id_column: &str,
+    model: &Forecaster<B>,
+    scaler: &Scaler,
+    spec: &ForecastSpec,
+    calibration: Option<&Calibration>,
+    device: &B::Device,
+) -> Result<()> {
+    let path = a.data.data.as_ref().context("--id-column reads a long-format --data file")?;
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(spec.features.clone()) };
+    let (table, ids) = Table::from_path_with_ids(path, id_column, &choice)?;
+    if spec.calendar.is_some() && table.times.is_none() {
+        bail!("the model reads calendar cycles from a date column; this data has none that reads as dates");
+    }
+    let idx = table.indices(&spec.features)?;
+    let clock = clock_of(&table, spec.calendar.as_ref());
+    // Each id's rows in file order, the ids in order of first appearance.
+    let mut order: Vec<&str> = Vec::new();
+    let mut rows_of: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+    for (r, id) in ids.iter().enumerate() {
+        rows_of
+            .entry(id.as_str())
+            .or_insert_with(|| {
+                order.push(id.as_str());
+                Vec::new()
+            })
+            .push(r);
+    }
+    if let Some(one) = &a.id {
+        if !rows_of.contains_key(one.as_str()) {
+            bail!("--id {one}: no row of {} has this id in column `{id_column}` ({} ids)", path.display(), order.len());
+        }
+        order = vec![one.as_str()];
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "id,step,{}", forecast_header(&spec.targets, calibration))?;
+    for id in order {
+        let picked: Vec<Vec<f64>> = rows_of[id].iter().map(|&r| idx.iter().map(|&j| table.rows[r][j]).collect()).collect();
+        let rows = scaler.transform(&picked, &spec.features).with_context(|| format!("{}, id {id}", path.display()))?;
+        let clock: Vec<i64> = rows_of[id].iter().map(|&r| clock[r]).collect();
+        let pred = model.forecast_history(&rows, &clock, device)?;
+        let quantiles = calibration.map(|c| c.model.quantiles_after(&rows, rows.len() - 1, model.target_indices(), &pred));
+        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), scaler, &format!("{},", csv_field(id)))?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn cmd_predict(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
+        if let Some(id_column) = &a.id_column {
+            return predict_ids(&a, id_column, &model, &scaler, &spec, calibration.as_ref(), &device);
+        }
+        if let Some(id) = &a.id {
+            bail!("--id {id} picks one series of a long-format file: name its id column with --id-column");
+        }
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let pred = model.forecast_history(&rows, &clock, &device)?;
         // The quantiles after the last row (the table has at least one), scaled by each

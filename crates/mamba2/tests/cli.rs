@@ -1218,7 +1218,7 @@ fn stream_panel(ckpt: &Path, input: &Path, extra: &[&str], stop: Option<(usize, 
 }
 
 #[test]
-fn stream_of_interleaved_ids_equals_each_alone_and_resumes_from_its_state_file() {
+fn interleaved_ids_stream_as_each_alone_predict_per_id_and_resume_from_a_state_file() {
     let dir = scratch("panel");
     let csv = dir.join("data.csv");
     std::fs::write(&csv, synthetic_csv(400)).unwrap();
@@ -1246,6 +1246,62 @@ fn stream_of_interleaved_ids_equals_each_alone_and_resumes_from_its_state_file()
         assert_eq!(own.len(), rows.len() * 3);
         let mine: Vec<&String> = whole.iter().filter(|l| l.starts_with(&format!("{id},"))).collect();
         assert_eq!(mine, own.iter().collect::<Vec<_>>(), "id {id}");
+    }
+
+    // `predict --id-column`: each id's forecast after its last row is what the stream printed
+    // after that row (f64, 1e-9); `--id` picks one.
+    let o = run(bin().args([
+        "predict",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--dtype",
+        "f64",
+        "--id-column",
+        "id",
+        "--data",
+        input.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let predicted: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().skip(1).map(str::to_string).collect();
+    assert_eq!(predicted.len(), alone.len() * 3);
+    let mut worst = 0.0f64;
+    for line in &predicted {
+        let (id, rest) = line.split_once(',').unwrap();
+        let (step, values) = rest.split_once(',').unwrap();
+        let last = alone.iter().find(|(a, _)| a == id).unwrap().1.len();
+        let streamed = &by_key[&format!("{id},{last},{step}")];
+        let streamed: Vec<f64> = streamed.split(',').skip(3).map(|v| v.parse().unwrap()).collect();
+        for (a, b) in values.split(',').map(|v| v.parse::<f64>().unwrap()).zip(&streamed) {
+            worst = worst.max((a - b).abs() / b.abs().max(1.0));
+        }
+    }
+    assert!(worst <= 1e-9, "predict --id-column and stream --id-column differ by {worst:e}");
+    let o = run(bin()
+        .args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64", "--id-column", "id", "--id", "s17"])
+        .arg("--data")
+        .arg(&input));
+    let one: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().skip(1).map(str::to_string).collect();
+    assert_eq!(one, predicted.iter().filter(|l| l.starts_with("s17,")).cloned().collect::<Vec<_>>());
+    for (args, says) in [
+        (vec!["--id-column", "id", "--id", "nobody"], "--id nobody: no row of "),
+        (vec!["--id", "s17"], "--id s17 picks one series of a long-format file: name its id column with --id-column"),
+        (vec!["--id-column", "name"], "no id column `name` (columns: date, id, a)"),
+    ] {
+        let o =
+            run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"]).args(&args).arg("--data").arg(&input));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!((o.status.code(), stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let empty_id = dir.join("empty_id.csv");
+    std::fs::write(&empty_id, "date,id,a\n2020-01-01 00:00:00,x,1.5\n2020-01-01 01:00:00,,1.5\n").unwrap();
+    for (cmd, says) in
+        [("predict", "empty_id.csv: line 3, column `id`: no id"), ("eval", "eval scores one table of series; --id-column is read by")]
+    {
+        let o = run(bin().args([cmd, "--checkpoint", ckpt.to_str().unwrap(), "--id-column", "id", "--data"]).arg(&empty_id));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!((o.status.code(), stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
     }
 
     // Killed with SIGKILL at three points, each restart fed the whole input again: every line

@@ -704,7 +704,8 @@ pub(crate) enum ParquetDates {
 }
 
 /// Writes the rows of `csv` (a `date` column, then numbers) as a Parquet file of two row
-/// groups, Snappy-compressed, the numbers as nullable doubles (`None` for an empty CSV cell).
+/// groups, Snappy-compressed, the numbers as nullable doubles (`None` for an empty CSV cell); a
+/// column whose first cell is not a number (an id) as UTF-8 strings.
 pub(crate) fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
     use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
     use parquet::file::properties::WriterProperties;
@@ -717,7 +718,13 @@ pub(crate) fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
         ParquetDates::Timestamp(_, unit) => format!("REQUIRED INT64 {} (TIMESTAMP({unit},true));", header[0]),
         ParquetDates::Text => format!("REQUIRED BYTE_ARRAY {} (UTF8);", header[0]),
     };
-    let numbers: String = header[1..].iter().map(|h| format!("OPTIONAL DOUBLE {h};")).collect();
+    let text = |j: usize| !rows[0][j].is_empty() && rows[0][j].parse::<f64>().is_err();
+    let numbers: String = header
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(j, h)| if text(j) { format!("REQUIRED BYTE_ARRAY {h} (UTF8);") } else { format!("OPTIONAL DOUBLE {h};") })
+        .collect();
     let schema = Arc::new(parquet::schema::parser::parse_message_type(&format!("message m {{ {date_type} {numbers} }}")).unwrap());
     let props = Arc::new(WriterProperties::builder().set_compression(parquet::basic::Compression::SNAPPY).build());
     let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
@@ -737,6 +744,9 @@ pub(crate) fn write_parquet(path: &Path, csv: &str, dates: ParquetDates) {
                         col.typed::<ByteArrayType>().write_batch(&s, None, None).unwrap();
                     }
                 }
+            } else if text(j) {
+                let s: Vec<ByteArray> = group.iter().map(|r| ByteArray::from(r[j])).collect();
+                col.typed::<ByteArrayType>().write_batch(&s, None, None).unwrap();
             } else {
                 let defs: Vec<i16> = group.iter().map(|r| i16::from(!r[j].is_empty())).collect();
                 let vals: Vec<f64> = group.iter().filter(|r| !r[j].is_empty()).map(|r| r[j].parse().unwrap()).collect();
@@ -1276,6 +1286,12 @@ fn interleaved_ids_stream_as_each_alone_predict_per_id_and_resume_from_a_state_f
         }
     }
     assert!(worst <= 1e-9, "predict --id-column and stream --id-column differ by {worst:e}");
+    // The same panel as Parquet (the ids as UTF-8 strings) gives the same forecasts.
+    let pq = dir.join("panel.parquet");
+    write_parquet(&pq, &panel, ParquetDates::Text);
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64", "--id-column", "id", "--data"]).arg(&pq));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().skip(1).collect::<Vec<_>>(), predicted);
     let o = run(bin()
         .args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64", "--id-column", "id", "--id", "s17"])
         .arg("--data")

@@ -1,13 +1,8 @@
 //! The little-endian encoding of a stream's state (`bank.rs` frames it in a file): integers as
 //! `u64`, floats as the bits of their `f64`, so that every value comes back bit for bit.
 
-/// FNV-1a over `bytes`, continuing from `h` (start from [`FNV_START`]).
-pub(crate) fn fnv1a64(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
-/// FNV-1a's offset basis.
-pub(crate) const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a over `bytes`, continuing from `h` (start from [`FNV_START`]): the checkpoints' hash.
+pub(crate) use mamba2_model::{fnv1a64_continue as fnv1a64, FNV1A64_START as FNV_START};
 
 pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());

@@ -22,8 +22,17 @@ use crate::{named_params, ModelError};
 const MAGIC: &[u8; 8] = b"MAMBA2CK";
 const FORMAT: u64 = 1;
 
+/// FNV-1a's offset basis: the hash of no bytes, where [`fnv1a64_continue`] starts.
+pub const FNV1A64_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a (64 bits) of `bytes` appended to what hashed to `h`: the checksum of checkpoints and
+/// state files, and a hash built up piece by piece.
+pub fn fnv1a64_continue(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
 fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    fnv1a64_continue(FNV1A64_START, bytes)
 }
 
 fn bad(path: &Path, why: impl Into<String>) -> ModelError {
@@ -52,12 +61,27 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
 /// killed between writing and renaming (names `.<file>.tmp-<pid>`); returns how many. Call it
 /// where nothing else writes into `dir` at the same time.
 pub fn remove_temporaries(dir: &Path) -> usize {
+    remove_temporaries_where(dir, |name| name.starts_with('.'))
+}
+
+/// Removes the temporary files that [`write_atomically`] left beside `path` alone (see
+/// [`remove_temporaries`]); returns how many. Call it where nothing else writes `path`.
+pub fn remove_temporaries_of(path: &Path) -> usize {
+    let Some(name) = path.file_name() else { return 0 };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let own = format!(".{}.tmp-", name.to_string_lossy());
+    remove_temporaries_where(dir, |name| name.starts_with(&own))
+}
+
+/// Removes the files `.<file>.tmp-<pid>` in `dir` whose name also passes `keep`.
+fn remove_temporaries_where(dir: &Path, keep: impl Fn(&str) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
         .flatten()
         .filter(|e| {
             let name = e.file_name().to_string_lossy().to_string();
-            name.starts_with('.')
+            keep(&name)
+                && name.starts_with('.')
                 && name.rsplit_once(".tmp-").is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
         })
         .filter(|e| std::fs::remove_file(e.path()).is_ok())

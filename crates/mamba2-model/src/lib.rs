@@ -58,7 +58,8 @@ mod timeseries;
 pub use block::Mamba2Block;
 pub use bridge::{is_cpu_backend, with_generic_path, HostFloat};
 pub use checkpoint::{
-    load_checkpoint, read_checkpoint_header, remove_temporaries, save_checkpoint, transfer_weights, write_atomically, Loaded,
+    fnv1a64_continue, load_checkpoint, read_checkpoint_header, remove_temporaries, remove_temporaries_of, save_checkpoint,
+    transfer_weights, write_atomically, Loaded, FNV1A64_START,
 };
 pub use config::{ConfigError, HfExtras, Mamba2Config};
 pub use decode::{LmState, StreamingLm};

@@ -1291,7 +1291,8 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
 ) -> Result<()> {
     let bank = std::sync::Arc::new(std::sync::Mutex::new(StreamBank::new(&stream)));
     if let Some(path) = &a.state {
-        remove_stale_temporaries(path);
+        // A save cut short by SIGKILL leaves its temporary file beside the state file.
+        mamba2_model::remove_temporaries_of(path);
         if path.exists() {
             let n = bank.lock().expect("not poisoned").restore(path)?;
             eprintln!("state     {}: {n} series restored", path.display());
@@ -1405,22 +1406,6 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         eprintln!("state     {}: {} series saved", path.display(), bank.len());
     }
     Ok(())
-}
-
-/// Removes the temporary files of `path` that a save cut short by SIGKILL left beside it
-/// (`.<name>.tmp-<pid>`): one process streams into a state file at a time.
-fn remove_stale_temporaries(path: &std::path::Path) {
-    let (Some(name), dir) = (path.file_name(), path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")))
-    else {
-        return;
-    };
-    let prefix = format!(".{}.tmp-", name.to_string_lossy());
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let file = entry.file_name().to_string_lossy().to_string();
-        if file.strip_prefix(&prefix).is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
 }
 
 /// The cells of one CSV line, trimmed.

@@ -100,7 +100,8 @@ fn naive_table(windows: &Windows, targets: &[usize], batch_size: usize, source: 
     let mut table = ErrorTable::new(targets.len(), windows.horizon);
     for i in 0..usable {
         let end = windows.starts[i] + windows.lookback - 1;
-        for (t, &j) in targets.iter().enumerate() {
+        for t in windows.present_targets(i, targets) {
+            let j = targets[t];
             let pred: Vec<f64> = (1..=windows.horizon).map(|k| windows.rows[source(end, k)][j]).collect();
             let truth: Vec<f64> = (1..=windows.horizon).map(|k| windows.rows[end + k][j]).collect();
             table.add(t, &pred, &truth);

@@ -7,6 +7,9 @@
 //! - [`calendar`]: dates to a row clock, and the day and week cycles of the sampling interval.
 //! - [`Split`] (chronological train, validation and test rows), [`Scaler`] (z-scores fitted on
 //!   the training rows alone), [`Windows`] (`lookback` inputs and `horizon` targets).
+//! - [`panel`]: a file in long format (a row per series id and date) as a table of a column per
+//!   id on the union of the dates, NaN where an id has no row; [`Windows`] then holds a series
+//!   only in the windows it has whole.
 //! - [`ErrorTable`]: squared and absolute errors per target and forecast step, summed in a fixed
 //!   order; [`repeat_table`]: the Repeat baseline (the last value, held).
 //!
@@ -34,6 +37,7 @@ mod baseline;
 pub mod calendar;
 mod cell;
 pub mod folds;
+pub mod panel;
 #[cfg(feature = "parquet")]
 mod parquet_input;
 pub mod quantile;

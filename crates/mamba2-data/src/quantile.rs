@@ -240,9 +240,7 @@ impl Intervals {
     /// The values of column `j` of `rows` that [`Intervals::scale_of`] reads for a forecast
     /// made after row `origin`, into `recent`.
     pub fn recent_in(&self, rows: &[Vec<f64>], origin: usize, j: usize, recent: &mut Vec<f64>) {
-        let from = (origin + 1).saturating_sub(self.memory());
-        recent.clear();
-        recent.extend(rows[from..=origin].iter().map(|r| r[j]));
+        last_values(rows, origin, j, self.memory(), recent);
     }
 
     /// [`Intervals::quantiles`] for point forecasts made after row `origin` of `rows`, the
@@ -290,6 +288,20 @@ impl Intervals {
     }
 }
 
+/// The last `n` values of column `j` up to row `origin` (fewer at the start), oldest first,
+/// into `out`: a panel's missing values (NaN) passed over, as a stream of the series alone
+/// never sees them.
+pub fn last_values(rows: &[Vec<f64>], origin: usize, j: usize, n: usize, out: &mut Vec<f64>) {
+    out.clear();
+    let from = (origin + 1).saturating_sub(n);
+    out.extend(rows[from..=origin].iter().map(|r| r[j]));
+    if out.iter().any(|v| v.is_nan()) {
+        out.clear();
+        out.extend(rows[..=origin].iter().rev().map(|r| r[j]).filter(|v| !v.is_nan()).take(n));
+        out.reverse();
+    }
+}
+
 /// What calibration reads: every validation forecast's errors and Repeat's, and each origin's
 /// local scales for every candidate.
 #[derive(Debug, Clone)]
@@ -313,19 +325,24 @@ impl Residuals {
         let longest = CANDIDATES.iter().map(|c| c.1 + 1).max().unwrap_or(1);
         let mut scales = vec![Vec::with_capacity(w.len() * targets.len()); CANDIDATES.len()];
         let mut recent = Vec::with_capacity(longest);
-        for &s in &w.starts {
+        for (i, &s) in w.starts.iter().enumerate() {
             let origin = s + w.lookback - 1;
-            let from = (origin + 1).saturating_sub(longest);
-            for &j in targets {
-                recent.clear();
-                recent.extend(w.rows[from..=origin].iter().map(|r| r[j]));
+            let present = w.present_targets(i, targets);
+            for (t, &j) in targets.iter().enumerate() {
+                // A series without this window's values has no forecast here: its entries stay
+                // NaN, and fitting and scoring pass over them.
+                if present.binary_search(&t).is_err() {
+                    scales.iter_mut().for_each(|s| s.push(f64::NAN));
+                    continue;
+                }
+                last_values(w.rows, origin, j, longest, &mut recent);
                 for (c, &(kind, window)) in CANDIDATES.iter().enumerate() {
                     scales[c].push(local_scale(kind, window, &recent));
                 }
             }
         }
         let n = w.len() * targets.len() * w.horizon;
-        Self { targets: targets.len(), horizon: w.horizon, errors: vec![0.0; n], repeat: vec![0.0; n], scales }
+        Self { targets: targets.len(), horizon: w.horizon, errors: vec![f64::NAN; n], repeat: vec![f64::NAN; n], scales }
     }
 
     /// Records the forecast `pred` of target `t` after window `i`, made after the value `last`,
@@ -351,13 +368,13 @@ impl Residuals {
         let errors = if repeat { &self.repeat } else { &self.errors };
         let fitted: Vec<usize> = ranges.iter().flat_map(|&(a, b)| a..b).collect();
         let scales: Vec<f64> = fitted.iter().flat_map(|&i| &self.scales[c][i * t_n..(i + 1) * t_n]).copied().collect();
-        let mut sorted = scales.clone();
+        let mut sorted: Vec<f64> = scales.iter().copied().filter(|s| !s.is_nan()).collect();
         sorted.sort_by(f64::total_cmp);
         let median = quantile_sorted(&sorted, 0.5);
         let floor = if kind == ScaleKind::Constant { 1.0 } else { (median * 1e-3).max(1e-12) };
         let typical = (0..t_n)
             .map(|t| {
-                let mut own: Vec<f64> = scales.iter().skip(t).step_by(t_n).map(|s| s.max(floor)).collect();
+                let mut own: Vec<f64> = scales.iter().skip(t).step_by(t_n).filter(|s| !s.is_nan()).map(|s| s.max(floor)).collect();
                 own.sort_by(f64::total_cmp);
                 if own.is_empty() {
                     floor
@@ -370,11 +387,16 @@ impl Residuals {
         let mut z = Vec::with_capacity(groups * h * levels.len());
         let mut v = Vec::new();
         for g in 0..groups {
+            // A panel's series without a forecast in these windows takes the errors of all.
+            let alone = per_target && fitted.iter().any(|&i| !errors[(i * t_n + g) * h].is_nan());
             for k in 0..h {
                 v.clear();
                 for (n, &i) in fitted.iter().enumerate() {
-                    for t in (0..t_n).filter(|&t| !per_target || t == g) {
-                        v.push(errors[(i * t_n + t) * h + k] / scales[n * t_n + t].max(floor));
+                    for t in (0..t_n).filter(|&t| !alone || t == g) {
+                        let e = errors[(i * t_n + t) * h + k];
+                        if !e.is_nan() {
+                            v.push(e / scales[n * t_n + t].max(floor));
+                        }
                     }
                 }
                 v.sort_by(f64::total_cmp);
@@ -394,6 +416,9 @@ impl Residuals {
         let mut out = vec![0.0; h * q];
         for i in range.0..range.1 {
             for t in 0..t_n {
+                if self.errors[(i * t_n + t) * h].is_nan() {
+                    continue;
+                }
                 let s = self.scales[c][i * t_n + t].max(iv.floor);
                 // Quantiles of the error itself: the forecast is 0 in these units.
                 iv.fill(t, s, std::iter::repeat_n(0.0, h), &mut out);

@@ -79,8 +79,15 @@ impl Scaler {
         let mut mean = Vec::with_capacity(c);
         let mut std = Vec::with_capacity(c);
         for j in 0..c {
-            let m = rows.iter().map(|r| r[j]).sum::<f64>() / n;
-            let v = rows.iter().map(|r| (r[j] - m).powi(2)).sum::<f64>() / n;
+            // A panel's series are missing (NaN) where they have no row: each is fitted on the
+            // values it has. A wide table has none missing, and this is the plain mean.
+            let count = rows.iter().filter(|r| !r[j].is_nan()).count();
+            if count == 0 {
+                return Err(err(format!("series `{}` has no value in the {} training rows", name(j), rows.len())));
+            }
+            let n = if count == rows.len() { n } else { count as f64 };
+            let m = rows.iter().map(|r| r[j]).filter(|v| !v.is_nan()).sum::<f64>() / n;
+            let v = rows.iter().map(|r| r[j]).filter(|v| !v.is_nan()).map(|x| (x - m).powi(2)).sum::<f64>() / n;
             if !(m.is_finite() && v.is_finite()) {
                 return Err(err(format!(
                     "column `{}`: values too large to scale (their mean or variance over the {} training rows is not a finite number)",
@@ -115,7 +122,8 @@ impl Scaler {
             .enumerate()
             .map(|(j, v)| {
                 let z = (v - self.mean[j]) / self.std[j];
-                if z.is_finite() && (z as f32).is_finite() {
+                // A panel's missing value stays missing.
+                if v.is_nan() || z.is_finite() && (z as f32).is_finite() {
                     return Ok(z);
                 }
                 let name = columns.get(j).cloned().unwrap_or_else(|| format!("#{}", j + 1));
@@ -149,6 +157,10 @@ pub struct Windows<'a> {
     pub lookback: usize,
     /// Target length.
     pub horizon: usize,
+    /// For a panel with missing values ([`panel`](crate::panel)): per window, the columns that
+    /// have a value at every one of its rows, in order. `None` when every column has every
+    /// value, as in a wide table.
+    pub present: Option<Vec<Vec<usize>>>,
 }
 
 impl<'a> Windows<'a> {
@@ -167,8 +179,48 @@ impl<'a> Windows<'a> {
                 ),
             });
         }
-        let starts = (a..=b - lookback - horizon).step_by(stride).collect();
-        Ok(Self { rows, starts, lookback, horizon })
+        let mut starts: Vec<usize> = (a..=b - lookback - horizon).step_by(stride).collect();
+        let span = lookback + horizon;
+        let cols = rows.first().map_or(0, Vec::len);
+        // Missing values counted per column up to each row: a window has all of a column's
+        // values where the count does not change across it.
+        let missing_any = rows[a..b].iter().any(|r| r.iter().any(|v| v.is_nan()));
+        let present = missing_any.then(|| {
+            let mut before = vec![vec![0u32; cols]; b - a + 1];
+            for (r, row) in rows[a..b].iter().enumerate() {
+                for j in 0..cols {
+                    before[r + 1][j] = before[r][j] + u32::from(row[j].is_nan());
+                }
+            }
+            let present: Vec<Vec<usize>> =
+                starts.iter().map(|&s| (0..cols).filter(|&j| before[s + span - a][j] == before[s - a][j]).collect()).collect();
+            let kept: Vec<(usize, Vec<usize>)> = starts.iter().copied().zip(present).filter(|(_, p)| !p.is_empty()).collect();
+            starts = kept.iter().map(|(s, _)| *s).collect();
+            kept.into_iter().map(|(_, p)| p).collect::<Vec<_>>()
+        });
+        if starts.is_empty() {
+            return Err(DataError::Config {
+                why: format!(
+                    "no series has all {span} values (lookback {lookback} + horizon {horizon}) of any window in this split: a series \
+                     of a panel needs rows at that many consecutive dates of the panel"
+                ),
+            });
+        }
+        Ok(Self { rows, starts, lookback, horizon, present })
+    }
+
+    /// The positions `t` in `targets` (column indices) whose column has every value of window
+    /// `i`: all of them in a table with none missing.
+    pub fn present_targets(&self, i: usize, targets: &[usize]) -> Vec<usize> {
+        match &self.present {
+            None => (0..targets.len()).collect(),
+            Some(p) => (0..targets.len()).filter(|&t| p[i].binary_search(&targets[t]).is_ok()).collect(),
+        }
+    }
+
+    /// Whether some window lacks some column's values.
+    pub fn has_missing(&self) -> bool {
+        self.present.is_some()
     }
 
     /// Number of windows.
@@ -214,5 +266,55 @@ mod tests {
         let w2 = Windows::new(&rows, (0, 10), 3, 2, 4).unwrap();
         assert_eq!(w2.starts, [0, 4]);
         assert!(Windows::new(&rows, (0, 4), 3, 2, 1).is_err());
+        assert!(w.present.is_none(), "a table with no value missing");
+    }
+
+    /// A panel's column is in a window only where it has every value of it; a window that no
+    /// column has whole is no window.
+    #[test]
+    fn a_window_holds_a_column_only_where_it_has_every_value() {
+        let nan = f64::NAN;
+        // Column 0 whole; column 1 missing at rows 5 and 6; column 2 starting at row 8.
+        let rows: Vec<Vec<f64>> =
+            (0..14).map(|t| vec![t as f64, if t == 5 || t == 6 { nan } else { 1.0 }, if t < 8 { nan } else { 2.0 }]).collect();
+        let w = Windows::new(&rows, (0, 14), 3, 1, 1).unwrap();
+        assert_eq!(w.starts, (0..=10).collect::<Vec<_>>());
+        let p = w.present.as_ref().unwrap();
+        for (i, &s) in w.starts.iter().enumerate() {
+            let mut want = vec![0];
+            if s + 4 <= 5 || s >= 7 {
+                want.push(1);
+            }
+            if s >= 8 {
+                want.push(2);
+            }
+            assert_eq!(p[i], want, "window at row {s}");
+        }
+        // Positions among the targets asked for, in their order.
+        assert_eq!(w.present_targets(8, &[2, 1]), [0, 1]);
+        assert_eq!(w.present_targets(3, &[2, 1]), Vec::<usize>::new());
+        // With column 0 gone, the windows over rows 5 and 6 have no column whole.
+        let gone: Vec<Vec<f64>> = rows.iter().map(|r| r[1..].to_vec()).collect();
+        let w = Windows::new(&gone, (0, 14), 3, 1, 1).unwrap();
+        assert_eq!(w.starts, [0, 1, 7, 8, 9, 10]);
+        let only_gap: Vec<Vec<f64>> = rows[2..9].iter().map(|r| r[1..2].to_vec()).collect();
+        let e = Windows::new(&only_gap, (0, 7), 3, 1, 1).unwrap_err().to_string();
+        assert!(e.contains("no series has all 4 values"), "{e}");
+    }
+
+    /// Each column's scale comes from the values it has; a missing value stays missing, and a
+    /// column with none in the training rows is an error naming it.
+    #[test]
+    fn the_scaler_fits_each_column_on_the_values_it_has() {
+        let nan = f64::NAN;
+        let rows = vec![vec![1.0, nan], vec![3.0, 10.0], vec![5.0, 20.0], vec![7.0, nan]];
+        let names = ["a".to_string(), "b".to_string()];
+        let s = Scaler::fit(&rows, &names).unwrap();
+        assert_eq!((s.mean[0], s.mean[1]), (4.0, 15.0));
+        assert_eq!((s.std[0], s.std[1]), (5f64.sqrt(), 5.0));
+        let t = s.transform(&rows, &names).unwrap();
+        assert!(t[0][1].is_nan() && t[1][1] == -1.0);
+        let e = Scaler::fit(&[vec![1.0, nan], vec![2.0, nan]], &names).unwrap_err().to_string();
+        assert_eq!(e, "training rows: series `b` has no value in the 2 training rows");
     }
 }

@@ -149,6 +149,16 @@ impl Table {
         Self::parse_csv(text, source, choice, 0)
     }
 
+    /// [`from_path_with_ids`](Self::from_path_with_ids) of CSV text.
+    pub fn from_csv_str_with_ids(
+        text: &str,
+        source: &str,
+        id_column: &str,
+        choice: &ColumnChoice,
+    ) -> Result<(Self, Vec<String>), DataError> {
+        Self::parse_csv_ids(text, source, choice, 0, Some(id_column))
+    }
+
     /// One data row that arrives on its own (`stream`), under its `header` line: errors name it
     /// as line `line_number` of `source`.
     pub fn from_header_and_row(

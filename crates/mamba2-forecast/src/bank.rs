@@ -99,9 +99,25 @@ impl<T: HostFloat> StreamBank<T> {
             if id.len() > MAX_ID_BYTES {
                 return Err(ModelError::State { why: format!("an id of {} bytes, at most {MAX_ID_BYTES}", id.len()) });
             }
-            self.streams.insert(id.to_string(), self.template.fresh(false));
+            let stream = self.new_stream(id)?;
+            self.streams.insert(id.to_string(), stream);
         }
         Ok(self.streams.get_mut(id).expect("inserted"))
+    }
+
+    /// A fresh stream for `id`: of the model, or of the id's own series in a model trained on a
+    /// panel, which knows no other ids.
+    fn new_stream(&self, id: &str) -> Result<ForecastStream<T>, ModelError> {
+        if !self.template.is_panel() {
+            return Ok(self.template.fresh(false));
+        }
+        let t = self.template.series_index(id).ok_or_else(|| ModelError::State {
+            why: format!(
+                "id `{id}` is not one of the {} series the model was trained on (a model trained on a panel forecasts its own ids)",
+                self.template.n_series()
+            ),
+        })?;
+        self.template.of_series(t)
     }
 
     /// The stream of `id`, if it has had a row.
@@ -224,7 +240,7 @@ impl<T: HostFloat> StreamBank<T> {
             let len = r.len(MAX_ID_BYTES, "an id").map_err(bad)?;
             let id = std::str::from_utf8(r.take(len, "an id").map_err(bad)?).map_err(|_| bad("an id is not UTF-8".into()))?.to_string();
             let len = r.len(payload.len(), "a state").map_err(bad)?;
-            let mut stream = self.template.fresh(false);
+            let mut stream = self.new_stream(&id).map_err(|e| bad(e.to_string()))?;
             stream.restore_state(r.take(len, "a state").map_err(bad)?).map_err(|why| bad(format!("id `{id}`: {why}")))?;
             if streams.insert(id.clone(), stream).is_some() {
                 return Err(bad(format!("id `{id}` appears twice")));

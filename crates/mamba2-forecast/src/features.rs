@@ -115,6 +115,12 @@ pub struct FeatureMap {
     /// End each row's input with the series' one-hot code, so that the input projection learns a
     /// vector per series (an embedding, without a broadcast over the rows).
     pub series_code: bool,
+    /// The series each target is, among the model's `n_series`: its place in the one-hot code
+    /// and its rows of the learned cycle. `0..targets.len()` for a model's own map; a map of
+    /// some of its series ([`FeatureMap::only`]) keeps theirs.
+    pub series: Vec<usize>,
+    /// Series the model knows (the one-hot code's length).
+    pub n_series: usize,
 }
 
 /// Inputs and forecast references of a set of sequences, flattened row-major, ready to become
@@ -325,11 +331,12 @@ impl RowEncoder {
             // the shared inputs already do: every value of `out` is written.
             let code = &mut out[m.patch + shared.len()..];
             assert!(m.series_code || code.is_empty(), "push: {} of a row's {f_n} inputs not written", code.len());
+            let series = m.series[c];
             if m.series_code {
                 code.fill(MaybeUninit::new(E::from_elem(0.0)));
-                code[c] = MaybeUninit::new(E::from_elem(1.0));
+                code[series] = MaybeUninit::new(E::from_elem(1.0));
             }
-            let cycle_row = if m.cycle_period > 0 { (c * m.cycle_period) as i64 + clock.rem_euclid(m.cycle_period as i64) } else { 0 };
+            let cycle_row = if m.cycle_period > 0 { (series * m.cycle_period) as i64 + clock.rem_euclid(m.cycle_period as i64) } else { 0 };
             refs[c] = RowRef { level: x, scale: sd, cycle_row };
         }
         debug_assert_eq!(refs.len(), t_n);
@@ -371,8 +378,24 @@ fn centered<E: Element>(out: &mut [MaybeUninit<E>], src: &[f64], mean: f64, inv:
 impl FeatureMap {
     /// Inputs per row.
     pub fn n_feat(&self) -> usize {
-        let code = if self.series_code { self.targets.len() } else { 0 };
+        let code = if self.series_code { self.n_series } else { 0 };
         self.patch + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len()) + self.covariates.len() + code
+    }
+
+    /// This map for the targets at positions `keep` alone, each still the series it is.
+    pub fn only(&self, keep: &[usize]) -> FeatureMap {
+        FeatureMap {
+            targets: keep.iter().map(|&t| self.targets[t]).collect(),
+            series: keep.iter().map(|&t| self.series[t]).collect(),
+            ..self.clone()
+        }
+    }
+
+    /// This map for the target at position `t` alone, read from rows that hold just its value
+    /// (column 0): a panel's series as its own stream or history. `None` where the model reads
+    /// covariates, which such rows lack.
+    pub fn alone(&self, t: usize) -> Option<FeatureMap> {
+        self.covariates.is_empty().then(|| FeatureMap { targets: vec![0], series: vec![self.series[t]], ..self.clone() })
     }
 
     /// The sequences of the histories `rows[s .. s + len]` for each start `s` (each history
@@ -392,10 +415,37 @@ impl FeatureMap {
         every: usize,
         truth_as: Truth,
     ) -> HostBatch<E> {
-        let (t_n, f_n, h) = (self.targets.len(), self.n_feat(), self.horizon);
+        self.build_present(rows, clock, starts, None, len, n_pos, every, truth_as)
+    }
+
+    /// [`build`](Self::build) where history `i` holds only the targets at positions
+    /// `present[i]` (in order), as a panel's windows do: a series missing some of a window's
+    /// values has no sequence there. `None`: every target of every history.
+    #[allow(clippy::too_many_arguments)]
+    pub fn build_present<E: Element>(
+        &self,
+        rows: &[Vec<f64>],
+        clock: &[i64],
+        starts: &[usize],
+        present: Option<&[Vec<usize>]>,
+        len: usize,
+        n_pos: usize,
+        every: usize,
+        truth_as: Truth,
+    ) -> HostBatch<E> {
+        let (f_n, h) = (self.n_feat(), self.horizon);
         let every = every.max(1);
         let n_pos = n_pos.min((len - 1) / every + 1);
-        let n_seq = starts.len() * t_n;
+        // Each history's map: this one, or the part of it for the targets it holds.
+        let maps: Vec<Option<FeatureMap>> = match present {
+            Some(p) => {
+                assert_eq!(p.len(), starts.len(), "build: one set of targets per history");
+                p.iter().map(|keep| (keep.len() != self.targets.len()).then(|| self.only(keep))).collect()
+            }
+            None => vec![None; starts.len()],
+        };
+        let t_of = |m: &Option<FeatureMap>| m.as_ref().map_or(self.targets.len(), |m| m.targets.len());
+        let n_seq: usize = maps.iter().map(t_of).sum();
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
         let cycled = self.cycle_period > 0;
         let (absolute, relative) = (with_truth && truth_as == Truth::Values, with_truth && truth_as == Truth::Relative);
@@ -418,25 +468,38 @@ impl FeatureMap {
         };
         let written = std::sync::atomic::AtomicUsize::new(0);
         let prototype = RowEncoder::new(self);
-        // Each history's sequences are disjoint pieces of every buffer, filled in parallel.
-        let per = |v: usize| v.max(1);
-        let pieces = b.inputs.spare_capacity_mut()[..n_inputs]
-            .par_chunks_mut(per(t_n * len * f_n))
-            .zip(b.level.par_chunks_mut(per(t_n * n_pos)))
-            .zip(b.scale.par_chunks_mut(per(t_n * n_pos)))
-            .zip(b.cycle_now.par_chunks_mut(per(t_n * n_pos)))
-            .zip(b.truth.par_chunks_mut(if absolute { per(t_n * n_pos * h) } else { per(t_n) }))
-            .zip(b.ahead.par_chunks_mut(if relative { per(t_n * (len + h - 1)) } else { per(t_n) }))
-            .zip(starts.par_iter());
-        pieces.for_each(|((((((inputs, level), scale), cycle_now), truth), piece_ahead), &s)| {
+        // Each history's sequences are disjoint pieces of every buffer, cut here in order and
+        // filled in parallel.
+        let mut pieces = Vec::with_capacity(starts.len());
+        {
+            let mut inputs = &mut b.inputs.spare_capacity_mut()[..n_inputs];
+            let (mut level, mut scale, mut cycle_now) = (&mut b.level[..], &mut b.scale[..], &mut b.cycle_now[..]);
+            let (mut truth, mut ahead) = (&mut b.truth[..], &mut b.ahead[..]);
+            for (&s, map) in starts.iter().zip(&maps) {
+                let t_n = t_of(map);
+                let i;
+                (i, inputs) = std::mem::take(&mut inputs).split_at_mut(t_n * len * f_n);
+                let (l, sc, cy);
+                (l, level) = std::mem::take(&mut level).split_at_mut(t_n * n_pos);
+                (sc, scale) = std::mem::take(&mut scale).split_at_mut(t_n * n_pos);
+                (cy, cycle_now) = std::mem::take(&mut cycle_now).split_at_mut(t_n * n_pos);
+                let (tr, ah);
+                (tr, truth) = std::mem::take(&mut truth).split_at_mut(if absolute { t_n * n_pos * h } else { t_n });
+                (ah, ahead) = std::mem::take(&mut ahead).split_at_mut(if relative { t_n * (len + h - 1) } else { t_n });
+                pieces.push((i, l, sc, cy, tr, ah, s, map.as_ref()));
+            }
+        }
+        pieces.into_par_iter().for_each(|(inputs, level, scale, cycle_now, truth, piece_ahead, s, map)| {
+            let map = map.unwrap_or(self);
+            let t_n = map.targets.len();
             // Inputs written into this piece, checked against its length.
             let mut count = 0;
             let mut refs = vec![RowRef { level: 0.0, scale: 1.0, cycle_row: 0 }; t_n];
-            let mut enc = prototype.clone();
+            let mut enc = if t_n == self.targets.len() { prototype.clone() } else { RowEncoder::new(map) };
             // Each target's values after the history, in one slice: the truth of every forecast
             // position is then a copy, not `H` lookups through the rows.
             let ahead: Vec<Vec<f64>> = if with_truth {
-                self.targets.iter().map(|&j| rows[s + 1..s + len + h].iter().map(|row| row[j]).collect()).collect()
+                map.targets.iter().map(|&j| rows[s + 1..s + len + h].iter().map(|row| row[j]).collect()).collect()
             } else {
                 Vec::new()
             };
@@ -526,6 +589,8 @@ mod tests {
             cycle_period: 24,
             horizon: 3,
             series_code: false,
+            series: vec![0],
+            n_series: 1,
         };
         let a = map.build::<f64>(&rows, &clock, &[10], 40, 1, 1, Truth::Values);
         let b = map.build::<f64>(&rows, &clock, &[30], 20, 1, 1, Truth::Values);
@@ -568,5 +633,49 @@ mod tests {
         }
         assert_eq!((rel.inputs, rel.level, rel.scale, rel.cycle_now), (vals.inputs, vals.level, vals.scale, vals.cycle_now));
         assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Relative).ahead.is_empty());
+    }
+
+    /// Histories holding some of the targets (a panel's windows) give, each, what the map of
+    /// those targets alone gives, every series keeping its own code and cycle rows; and a series
+    /// read alone from rows of its value equals it read from the whole rows.
+    #[test]
+    fn histories_of_some_series_keep_each_series_code_and_cycle() {
+        let rows: Vec<Vec<f64>> = (0..80).map(|t| (0..3).map(|c| ((t + 7 * c) as f64 * 0.4).sin() + c as f64).collect()).collect();
+        let clock: Vec<i64> = (0..80).collect();
+        let map = FeatureMap {
+            targets: vec![0, 1, 2],
+            covariates: vec![],
+            norm_window: 8,
+            patch: 4,
+            scale: true,
+            calendar: Some(Calendar { interval: 3600, periods: vec![24, 168] }),
+            cycle_period: 24,
+            horizon: 3,
+            series_code: true,
+            series: vec![0, 1, 2],
+            n_series: 3,
+        };
+        let present = vec![vec![0, 1, 2], vec![2], vec![0, 2]];
+        let starts = [5, 20, 40];
+        let both = map.build_present::<f64>(&rows, &clock, &starts, Some(&present), 16, 2, 3, Truth::Values);
+        assert_eq!(both.n_seq, 6);
+        let each: Vec<HostBatch<f64>> = starts
+            .iter()
+            .zip(&present)
+            .map(|(&s, keep)| map.only(keep).build::<f64>(&rows, &clock, &[s], 16, 2, 3, Truth::Values))
+            .collect();
+        assert_eq!(both.inputs, each.iter().flat_map(|b| b.inputs.clone()).collect::<Vec<_>>());
+        assert_eq!(both.truth, each.iter().flat_map(|b| b.truth.clone()).collect::<Vec<_>>());
+        assert_eq!(both.cycle_now, each.iter().flat_map(|b| b.cycle_now.clone()).collect::<Vec<_>>());
+        // The second history's one sequence is series 2: its code's third entry is set, and its
+        // cycle rows are the third block of 24.
+        let f = both.n_feat;
+        let seq3 = &both.inputs[3 * 16 * f..4 * 16 * f];
+        assert_eq!(&seq3[f - 3..f], [0.0, 0.0, 1.0]);
+        assert!(both.cycle_now[3 * 2..4 * 2].iter().all(|&r| (48..72).contains(&r)));
+        let alone = map.alone(2).unwrap();
+        let own: Vec<Vec<f64>> = rows.iter().map(|r| vec![r[2]]).collect();
+        let a = alone.build::<f64>(&own, &clock, &[20], 16, 2, 3, Truth::Values);
+        assert_eq!((a.inputs, a.truth, a.cycle_now), (each[1].inputs.clone(), each[1].truth.clone(), each[1].cycle_now.clone()));
     }
 }

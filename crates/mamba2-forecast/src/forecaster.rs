@@ -82,6 +82,18 @@ pub struct ForecastSpec {
     /// mixing at the input), not only the covariates.
     #[serde(default)]
     pub mix: bool,
+    /// Trained on a panel in long format: the features and targets are its series' ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub panel: Option<PanelSpec>,
+}
+
+/// How a panel in long format was read ([`mamba2_data::panel`]): one row per series id and date.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PanelSpec {
+    /// The column naming each row's series.
+    pub id_column: String,
+    /// The column of the series' values.
+    pub value_column: String,
 }
 
 impl ForecastSpec {
@@ -152,6 +164,7 @@ impl ForecasterConfig {
                 series_embedding: true,
                 dropout: 0.0,
                 mix: false,
+                panel: None,
             },
             backbone: default_backbone(),
         }
@@ -278,6 +291,8 @@ fn map_of(s: &ForecastSpec, targets: &[usize], covariates: &[usize]) -> FeatureM
         cycle_period: s.cycle_period(),
         horizon: s.horizon,
         series_code: s.series_embedding,
+        series: (0..targets.len()).collect(),
+        n_series: targets.len(),
     }
 }
 
@@ -511,6 +526,30 @@ impl<B: Backend> Forecaster<B> {
         self
     }
 
+    /// The forecast of the model's target at position `t` alone after the last row of its own
+    /// history, `rows` holding just its value each (a panel's series, with the dates it has rows
+    /// for): `H` values in the scaled units. What
+    /// [`ForecastStream::of_series`](crate::ForecastStream::of_series) gives after the same rows.
+    ///
+    /// # Errors
+    /// [`ModelError::State`] when the model reads covariates (a series' rows would lack them)
+    /// or `t` is not one of its targets.
+    pub fn forecast_series(&self, rows: &[Vec<f64>], clock: &[i64], t: usize, device: &B::Device) -> Result<Vec<f64>, ModelError> {
+        let map = self.series_map(t)?;
+        let hb = map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values);
+        Ok(mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?))
+    }
+
+    /// [`FeatureMap::alone`] of target `t`, or why there is none.
+    pub(crate) fn series_map(&self, t: usize) -> Result<FeatureMap, ModelError> {
+        if t >= self.target_idx.len() {
+            return Err(ModelError::State { why: format!("series {t} of a model of {} series", self.target_idx.len()) });
+        }
+        self.feature_map().alone(t).ok_or_else(|| ModelError::State {
+            why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
+        })
+    }
+
     /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the
     /// scaled units of the data: what [`ForecastStream`](crate::ForecastStream) gives after
     /// the same rows. `clock` holds each row's calendar clock (ignored without a calendar).
@@ -546,6 +585,7 @@ mod tests {
             series_embedding: true,
             dropout: 0.0,
             mix: false,
+            panel: None,
         }
     }
 

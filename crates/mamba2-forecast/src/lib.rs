@@ -86,7 +86,8 @@ mod truth;
 
 pub use bank::{StreamBank, MAX_ID_BYTES};
 pub use forecaster::{
-    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, RelativeTruth, DEFAULT_PATCH,
+    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, PanelSpec, RelativeTruth,
+    DEFAULT_PATCH,
 };
 pub use load::{open_forecaster, Opened};
 /// The tables, calendar, splits and scaler a forecaster's rows come from (`mamba2-data`, built

@@ -6,12 +6,13 @@ use mamba2_model::{HostFloat, ModelError, StreamingStack, StreamingState};
 
 use mamba2_data::quantile::Intervals;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use num_traits::ToPrimitive;
 
 use crate::codec::{fnv1a64, put_f64s, put_u64, Reader, FNV_START};
-use crate::features::{RowEncoder, RowRef};
+use crate::features::{FeatureMap, RowEncoder, RowRef};
 use crate::forecaster::Forecaster;
 
 /// What every stream of one model reads and none changes: the stack's and the heads' weights
@@ -35,6 +36,11 @@ struct Weights<T: HostFloat> {
     intervals: Option<Intervals>,
     /// A hash of the model and the intervals, which a saved state must carry to be restored.
     fingerprint: u64,
+    /// The model's map of all its targets, and each target's place by name: a panel's series
+    /// streams alone ([`ForecastStream::of_series`]).
+    map: FeatureMap,
+    names: HashMap<String, usize>,
+    panel: bool,
 }
 
 /// A trained [`Forecaster`] on the host, advanced one row at a time: the rolling statistics,
@@ -54,6 +60,8 @@ pub struct ForecastStream<T: HostFloat> {
     hidden: Vec<T>,
     /// Each target's recent values, for the intervals' local scale.
     recent: Vec<Vec<f64>>,
+    /// The model's place of each target this stream forecasts (all of them, or one series).
+    positions: Vec<usize>,
     /// Rows pushed, and the clock of the last.
     rows: u64,
     last_clock: Option<i64>,
@@ -103,11 +111,50 @@ impl<T: HostFloat> ForecastStream<T> {
             cycle: model.cycle_table().map(host),
             intervals: None,
             fingerprint: fingerprint::<B, T>(model),
+            names: model.spec().targets.iter().enumerate().map(|(t, n)| (n.clone(), t)).collect(),
+            panel: model.spec().panel.is_some(),
+            map: map.clone(),
         };
-        Self::start(Arc::new(weights), RowEncoder::new(&map), true)
+        let positions = (0..map.targets.len()).collect();
+        Self::start(Arc::new(weights), RowEncoder::new(&map), positions, true)
     }
 
-    fn start(weights: Arc<Weights<T>>, encoder: RowEncoder, helper: bool) -> Self {
+    /// A stream of the same model for its target at position `t` alone, at the start of a
+    /// history: each row holds just that series' value. The stream of one series of a model
+    /// trained on a panel ([`ForecastSpec::panel`](crate::ForecastSpec::panel)), equal to
+    /// [`Forecaster::forecast_series`] over the same rows.
+    ///
+    /// # Errors
+    /// [`ModelError::State`] when the model reads covariates (such rows lack them) or has no
+    /// target `t`.
+    pub fn of_series(&self, t: usize) -> Result<Self, ModelError> {
+        let w = &self.weights;
+        if t >= w.map.targets.len() {
+            return Err(ModelError::State { why: format!("series {t} of a model of {} series", w.map.targets.len()) });
+        }
+        let map = w.map.alone(t).ok_or_else(|| ModelError::State {
+            why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
+        })?;
+        Ok(Self::start(w.clone(), RowEncoder::new(&map), vec![t], self.state.has_helper()))
+    }
+
+    /// The place among the model's targets of the series named `name`, for a model trained on a
+    /// panel (where the targets are its ids); `None` for an unknown name or another model.
+    pub fn series_index(&self, name: &str) -> Option<usize> {
+        self.weights.panel.then(|| self.weights.names.get(name).copied()).flatten()
+    }
+
+    /// Whether the model was trained on a panel: its targets are the panel's ids.
+    pub fn is_panel(&self) -> bool {
+        self.weights.panel
+    }
+
+    /// The model's targets (a panel's series).
+    pub fn n_series(&self) -> usize {
+        self.weights.map.targets.len()
+    }
+
+    fn start(weights: Arc<Weights<T>>, encoder: RowEncoder, positions: Vec<usize>, helper: bool) -> Self {
         let t_n = encoder.map().targets.len();
         let d = weights.d_model;
         let state = weights.stack.zero_state(t_n);
@@ -120,6 +167,7 @@ impl<T: HostFloat> ForecastStream<T> {
             encoder,
             state,
             recent: vec![Vec::new(); t_n],
+            positions,
             rows: 0,
             last_clock: None,
             weights,
@@ -130,7 +178,7 @@ impl<T: HostFloat> ForecastStream<T> {
     /// history. `helper`: whether its state may start a helper thread for large stacks
     /// ([`StreamingState::with_helper`]); a bank of many series keeps one thread.
     pub fn fresh(&self, helper: bool) -> Self {
-        Self::start(self.weights.clone(), RowEncoder::new(self.encoder.map()), helper)
+        Self::start(self.weights.clone(), RowEncoder::new(self.encoder.map()), self.positions.clone(), helper)
     }
 
     /// Rows pushed since the start of the history.
@@ -230,7 +278,7 @@ impl<T: HostFloat> ForecastStream<T> {
     /// [`ModelError::State`] when the intervals were made for another number of targets or
     /// steps.
     pub fn with_intervals(mut self, intervals: Intervals) -> Result<Self, ModelError> {
-        intervals.check(self.refs.len(), self.weights.horizon).map_err(|why| ModelError::State { why })?;
+        intervals.check(self.weights.map.targets.len(), self.weights.horizon).map_err(|why| ModelError::State { why })?;
         let json = serde_json::to_vec(&intervals).expect("intervals serialise");
         let w = Arc::make_mut(&mut self.weights);
         w.fingerprint = fnv1a64(w.fingerprint, &json);
@@ -242,7 +290,21 @@ impl<T: HostFloat> ForecastStream<T> {
     /// forecast `point` that the last [`ForecastStream::push`] returned; `None` without
     /// intervals.
     pub fn quantiles(&self, point: &[f64]) -> Option<Vec<f64>> {
-        self.weights.intervals.as_ref().map(|iv| iv.quantiles(point, |t| &self.recent[t]))
+        let iv = self.weights.intervals.as_ref()?;
+        if self.positions.len() == self.weights.map.targets.len() {
+            return Some(iv.quantiles(point, |t| &self.recent[t]));
+        }
+        // Some of the model's series: each its own place's intervals.
+        let (t_n, h, q) = (self.positions.len(), iv.horizon, iv.levels.len());
+        let mut out = vec![0.0; h * t_n * q];
+        let mut one = vec![0.0; h * q];
+        for (c, &t) in self.positions.iter().enumerate() {
+            iv.fill(t, iv.scale_of(t, &self.recent[c]), (0..h).map(|k| point[k * t_n + c]), &mut one);
+            for k in 0..h {
+                out[(k * t_n + c) * q..(k * t_n + c + 1) * q].copy_from_slice(&one[k * q..(k + 1) * q]);
+            }
+        }
+        Some(out)
     }
 
     /// Adds one row (every input column, scaled as in training) at calendar clock `clock` and

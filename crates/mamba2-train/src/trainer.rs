@@ -295,6 +295,15 @@ impl RunDir {
     }
 }
 
+/// Sequences in windows `idx` of `w`: each window's targets that have all its values.
+fn sequences(w: &Windows, idx: &[usize], targets: &[usize]) -> usize {
+    if w.has_missing() {
+        idx.iter().map(|&i| w.present_targets(i, targets).len()).sum()
+    } else {
+        idx.len() * targets.len()
+    }
+}
+
 fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     SplitMix64::new(seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03).permutation(n)
 }
@@ -309,10 +318,20 @@ fn train_batch<B: Backend>(
     device: &B::Device,
 ) -> Batch<B> {
     let starts: Vec<usize> = idx.iter().map(|&i| w.starts[i]).collect();
+    let present: Option<Vec<Vec<usize>>> = w.has_missing().then(|| idx.iter().map(|&i| w.present_targets(i, &data.targets)).collect());
     let span = w.lookback - loss_from.min(w.lookback - 1);
     model
         .feature_map()
-        .build::<B::FloatElem>(&data.rows, &data.clock, &starts, w.lookback, span.div_ceil(every), every, Truth::Relative)
+        .build_present::<B::FloatElem>(
+            &data.rows,
+            &data.clock,
+            &starts,
+            present.as_deref(),
+            w.lookback,
+            span.div_ceil(every),
+            every,
+            Truth::Relative,
+        )
         .into_device(w.horizon, device)
 }
 
@@ -776,7 +795,8 @@ fn epochs<B: AutodiffBackend>(
             // Dropout draws from the backend's generator: seeded per step, so that a resumed run
             // draws what an uninterrupted one would.
             B::seed(device, tc.seed ^ (optim.steps() as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-            let weight = shard.len() as f64 / idx.len() as f64;
+            // The loss is a mean over sequences: a panel's windows hold different numbers of them.
+            let weight = sequences(train_w, shard, &data.targets) as f64 / sequences(train_w, idx, &data.targets) as f64;
             let (next, value, step_report) = train_share(model, &mut optim, batch.as_ref(), lr, tc.loss, weight, &peer, device)?;
             model = next;
             if let Some(e) = ema.as_mut() {

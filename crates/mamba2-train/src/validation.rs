@@ -52,19 +52,31 @@ pub fn each_forecast<B: Backend>(
     mut visit: impl FnMut(usize, usize, f64, &[f64], &[f64]),
 ) -> Result<(), TrainError> {
     let targets = model.target_indices();
-    let t_n = targets.len();
+    let map = model.feature_map();
     for (c, chunk) in w.starts[..n].chunks(batch_size).enumerate() {
-        let hb = model.feature_map().build::<B::FloatElem>(w.rows, clock, chunk, w.lookback, 1, 1, Truth::Values);
+        let first = c * batch_size;
+        // Each window's sequences: its targets with every value there (all of them in a table
+        // with none missing), in order.
+        let present: Vec<Vec<usize>> = (first..first + chunk.len()).map(|i| w.present_targets(i, targets)).collect();
+        let hb = map.build_present::<B::FloatElem>(
+            w.rows,
+            clock,
+            chunk,
+            w.has_missing().then_some(&present[..]),
+            w.lookback,
+            1,
+            1,
+            Truth::Values,
+        );
         let (truth, level) = (hb.truth.clone(), hb.level.clone());
         // The correction in the backend's float type, the last value added in f64: a forecast
         // of Repeat (a correction of zero) then scores exactly as Repeat does.
         let relative = mamba2_tensor::compare::to_f64_vec(model.forward_relative(&hb.into_device(w.horizon, device))?);
         let pred: Vec<f64> = relative.iter().enumerate().map(|(i, r)| level[i / w.horizon] + r).collect();
-        // Sequence `window * T + target`, each H values.
-        for (seq, (p, y)) in pred.chunks(w.horizon).zip(truth.chunks(w.horizon)).enumerate() {
-            let (i, t) = (seq / t_n, seq % t_n);
+        let order = present.iter().enumerate().flat_map(|(i, ts)| ts.iter().map(move |&t| (i, t)));
+        for ((i, t), (p, y)) in order.zip(pred.chunks(w.horizon).zip(truth.chunks(w.horizon))) {
             let last = w.rows[chunk[i] + w.lookback - 1][targets[t]];
-            visit(c * batch_size + i, t, last, p, y);
+            visit(first + i, t, last, p, y);
         }
     }
     Ok(())

@@ -74,6 +74,9 @@ struct Record {
 /// Checks the flags that need no data, and returns the output directory.
 pub fn check(b: &BacktestArgs) -> Result<PathBuf> {
     let a = &b.train;
+    if let Some(id) = &a.id_column {
+        bail!("backtest --id-column {id}: backtest reads one wide table for now; train and eval read long-format panels");
+    }
     for (given, flag) in [
         (a.split.is_some(), "--split"),
         (a.borders.is_some(), "--borders"),
@@ -110,7 +113,7 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
     let source = a.data.data.as_ref().map_or(crate::ETTH1_NAME.to_string(), |p| p.display().to_string());
     let (config, tc, clock) = match &fixed {
         Some((_, _, spec, _)) => {
-            let (mut c, tc, _) = configure(a, &table)?;
+            let (mut c, tc, _) = configure(a, &table, None)?;
             c.spec = spec.clone();
             let clock = crate::clock_of(&table, spec.calendar.as_ref());
             if spec.calendar.is_some() && table.times.is_none() {
@@ -118,7 +121,7 @@ pub fn run<B: AutodiffBackend>(b: &BacktestArgs, out: &Path) -> Result<()> {
             }
             (c, tc, clock)
         }
-        None => configure(a, &table)?,
+        None => configure(a, &table, None)?,
     };
     let (l, h) = (config.spec.lookback, config.spec.horizon);
     let targets = table.indices(&config.spec.targets)?;

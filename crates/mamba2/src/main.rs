@@ -21,7 +21,7 @@ use mamba2_data::calendar::Calendar;
 use mamba2_data::quantile::{central_pairs, level_name, Calibration};
 use mamba2_data::{repeat_table, ColumnChoice, ErrorTable, Scaler, Split, Table, Windows};
 use mamba2_forecast::features::Truth;
-use mamba2_forecast::{series_major_to_rows, ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, StreamBank};
+use mamba2_forecast::{ForecastSpec, ForecastStream, Forecaster, ForecasterConfig, Loss, PanelSpec, StreamBank};
 use mamba2_model::load_checkpoint;
 use mamba2_tensor::compare::to_f64_vec;
 use mamba2_train::{trade_table, train_parallel, Cluster, Prepared, RunDir, TrainConfig, Workers};
@@ -106,6 +106,11 @@ struct DataArgs {
 struct TrainArgs {
     #[command(flatten)]
     data: DataArgs,
+    /// The column naming each row's series in a long-format --data file (one row per id and
+    /// date, one value column): each id a series of its own, aligned with the others on the
+    /// date column; the same date borders split every series
+    #[arg(long)]
+    id_column: Option<String>,
     /// Predicted columns, comma separated (default: all input columns).
     #[arg(long, value_delimiter = ',')]
     targets: Option<Vec<String>>,
@@ -402,7 +407,7 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
     check_cost_bps(a.cost_bps)?;
-    let (table, is_etth1) = load_table(&a.data, None)?;
+    let (table, is_etth1, panel) = load_training_table(&a)?;
     let features = table.columns.clone();
     let targets = a.targets.clone().unwrap_or_else(|| features.clone());
     let target_idx = table.indices(&targets)?;
@@ -418,7 +423,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).with_context(|| source.clone())?;
     let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
-    let (config, tc, clock) = configure(&a, &table)?;
+    let (config, tc, clock) = configure(&a, &table, panel)?;
     let data = Prepared { rows, scaler, ranges, targets: target_idx.clone(), clock };
     // Check that every split has windows before any work is done.
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
@@ -469,8 +474,27 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// The table `train` reads: `--data` (or the embedded ETTh1), or with `--id-column` the
+/// long-format panel pivoted to a column per id (see [`mamba2_data::panel`]); whether it is the
+/// embedded ETTh1; how the panel was read.
+fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)> {
+    let Some(id) = &a.id_column else {
+        let (table, is_etth1) = load_table(&a.data, None)?;
+        return Ok((table, is_etth1, None));
+    };
+    let Some(path) = &a.data.data else {
+        bail!("--id-column {id}: the embedded ETTh1 is one wide table; give a long-format file with --data");
+    };
+    if a.mix {
+        bail!("--mix with --id-column: each series would read every other series at every date, and a panel's series are missing where they have no row");
+    }
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone() };
+    let (table, value_column) = mamba2_data::panel::read_long(path, id, &choice)?;
+    Ok((table, false, Some(PanelSpec { id_column: id.clone(), value_column })))
+}
+
 /// The model and training settings the flags ask for on `table`, and each row's calendar clock.
-fn configure(a: &TrainArgs, table: &Table) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
+fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
     let targets = a.targets.clone().unwrap_or_else(|| table.columns.clone());
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(table, calendar.as_ref());
@@ -490,6 +514,7 @@ fn configure(a: &TrainArgs, table: &Table) -> Result<(ForecasterConfig, TrainCon
     spec.series_embedding = !a.no_series_embedding;
     spec.mix = a.mix;
     spec.dropout = a.dropout;
+    spec.panel = panel;
     config.validate()?;
     let tc = TrainConfig {
         epochs: a.epochs,
@@ -651,10 +676,17 @@ fn train_one(
         println!("test per column, in the data's units:");
         let mut units = Vec::new();
         for (t, (name, &j)) in config.spec.targets.iter().zip(&data.targets).enumerate() {
-            let (m, ae) = errors.target(t).mse_mae();
+            let sums = errors.target(t);
+            if sums.n == 0 {
+                // A panel's series with no test window of all its values.
+                println!("  {name:<14} no test window: it lacks values there");
+                units.push(serde_json::json!({"column": name, "windows": 0}));
+                continue;
+            }
+            let (m, ae) = sums.mse_mae();
             let sd = data.scaler.std[j];
             println!("  {name:<14} MSE {:<12.6} MAE {:<10.6} (RMSE {:.6})", m * sd * sd, ae * sd, (m * sd * sd).sqrt());
-            units.push(serde_json::json!({"column": name, "mse": m * sd * sd, "mae": ae * sd, "mse_scaled": m, "mae_scaled": ae}));
+            units.push(serde_json::json!({"column": name, "windows": sums.n / a.horizon, "mse": m * sd * sd, "mae": ae * sd, "mse_scaled": m, "mae_scaled": ae}));
         }
         if info.is_etth1 && a.lookback == 96 && config.spec.targets.len() == 7 {
             let rows = published(a.horizon);
@@ -739,7 +771,8 @@ impl RunInfo {
         let s = &config.spec;
         let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
         let [tr, va, te] = data.ranges;
-        let windows = |r: (usize, usize)| (r.1 - r.0 + 1).saturating_sub(s.lookback + s.horizon);
+        // A panel's windows are those where some series has every value.
+        let windows = |r: (usize, usize)| Windows::new(&data.rows, r, s.lookback, s.horizon, 1).map_or(0, |w| w.len());
         let split_kind = match split {
             Split::Borders { .. } if is_etth1 && a.borders.is_none() => "the ETT protocol's borders",
             Split::Borders { .. } => "--borders",
@@ -768,8 +801,23 @@ impl RunInfo {
             (DeviceArg::Cuda, _) => "CUDA f32",
             (DeviceArg::Wgpu, _) => "WebGPU f32",
         };
+        let data_line = match &s.panel {
+            None => format!("{source}: {} rows, {} columns ({}); {calendar}", table.rows.len(), s.features.len(), s.features.join(", ")),
+            Some(p) => {
+                let shown = s.features.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+                let more = if s.features.len() > 8 { format!(" and {} more", s.features.len() - 8) } else { String::new() };
+                let missing = table.rows.iter().flatten().filter(|v| v.is_nan()).count();
+                format!(
+                    "{source}: long format, {} series (ids in column `{}`: {shown}{more}), values `{}`, on {} dates ({missing} id-date pairs without a row); {calendar}",
+                    s.features.len(),
+                    p.id_column,
+                    p.value_column,
+                    table.rows.len()
+                )
+            }
+        };
         let lines = vec![
-            ("data".into(), format!("{source}: {} rows, {} columns ({}); {calendar}", table.rows.len(), s.features.len(), s.features.join(", "))),
+            ("data".into(), data_line),
             (
                 "split".into(),
                 format!(
@@ -872,7 +920,8 @@ impl RunInfo {
 
 /// The run's charts (sample images in docs/img/):
 /// - `loss.png`: training loss and validation MSE and MAE per epoch, the best epoch marked;
-/// - `forecast.png`: the last target over the first test window: its lookback and what followed
+/// - `forecast.png`: the last target (in a panel, the last series with every value of the first
+///   test window) over the first test window: its lookback and what followed
 ///   (black) and the forecast (red), in the data's units; for H 1, the one-step forecasts over
 ///   the first 240 test rows instead;
 /// - `error_by_step.png`: test MSE per forecast step, the model's and Repeat's.
@@ -918,47 +967,56 @@ fn test_plots<B: burn::prelude::Backend>(
     device: &B::Device,
 ) -> Result<()> {
     let (l, h) = (test.lookback, test.horizon);
-    // The widest central interval of the last target's quantiles after the window starting at
-    // `s`, for the point forecasts of every target, `[step][target]`.
+    let targets = model.target_indices();
+    // The plotted series: the last target, or in a panel the last one with every value of the
+    // first test window; its forecasts alone (each series is a sequence of its own).
+    let tp = test.present_targets(0, targets).last().copied().expect("a window holds a series");
+    let map = model.feature_map().only(&[tp]);
+    let j = targets[tp];
+    let name = model.spec().targets[tp].clone();
+    // The widest central interval of its quantiles after the window starting at `s`, for its
+    // point forecasts.
     let pair = calibration.and_then(|c| central_pairs(&c.model.levels).first().copied());
     let interval = |s: usize, point: &[f64]| -> Option<Vec<(f64, f64)>> {
         let (c, (a, b, _)) = (calibration?, pair?);
         let iv = &c.model;
-        let q = iv.quantiles_after(test.rows, s + l - 1, model.target_indices(), point);
-        let (t_n, n_q) = (model.target_indices().len(), iv.levels.len());
-        Some((0..h).map(|k| (q[(k * t_n + t_n - 1) * n_q + a], q[(k * t_n + t_n - 1) * n_q + b])).collect())
+        let mut recent = Vec::new();
+        mamba2_data::quantile::last_values(test.rows, s + l - 1, j, iv.memory(), &mut recent);
+        let n_q = iv.levels.len();
+        let mut q = vec![0.0; h * n_q];
+        iv.fill(tp, iv.scale_of(tp, &recent), point.iter().copied(), &mut q);
+        Some((0..h).map(|k| (q[k * n_q + a], q[k * n_q + b])).collect())
     };
     let mut band: Vec<(f64, f64, f64)> = Vec::new();
-    let t = model.target_indices().len();
-    let j = *model.target_indices().last().expect("a model has a target");
-    let name = model.spec().targets.last().expect("a model has a target").clone();
     let units = |v: f64| data.scaler.inverse(j, v);
     let forecast_title;
     type Points = Vec<(f64, f64)>;
     let (actual, forecast): (Points, Points) = if h == 1 {
         // One-step forecasts over a stretch of the test split, each from its own window.
-        let n = test.len().min(240);
-        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &test.starts[..n], l, 1, 1, Truth::Values);
+        let starts: Vec<usize> =
+            (0..test.len()).filter(|&i| test.present_targets(i, targets).contains(&tp)).map(|i| test.starts[i]).take(240).collect();
+        let n = starts.len();
+        let hb = map.build::<B::FloatElem>(test.rows, &data.clock, &starts, l, 1, 1, Truth::Values);
         let truth = hb.truth.clone();
         let pred = to_f64_vec(model.forward(&hb.into_device(1, device))?);
         forecast_title = format!("{name}: one-step forecasts over the first {n} test rows");
-        let pick = |v: &[f64]| (0..n).map(|w| (w as f64 + 1.0, units(v[w * t + t - 1]))).collect();
-        for w in 0..n {
-            if let Some(iv) = interval(test.starts[w], &pred[w * t..(w + 1) * t]) {
+        let pick = |v: &[f64]| (0..n).map(|w| (w as f64 + 1.0, units(v[w]))).collect();
+        for (w, &s) in starts.iter().enumerate() {
+            if let Some(iv) = interval(s, &pred[w..w + 1]) {
                 band.push((w as f64 + 1.0, units(iv[0].0), units(iv[0].1)));
             }
         }
         (pick(&truth), pick(&pred))
     } else {
         let s = test.starts[0];
-        let hb = model.feature_map().build::<B::FloatElem>(test.rows, &data.clock, &[s], l, 1, 1, Truth::Values);
+        let hb = map.build::<B::FloatElem>(test.rows, &data.clock, &[s], l, 1, 1, Truth::Values);
         let pred = to_f64_vec(model.forward(&hb.into_device(h, device))?);
         forecast_title = format!("{name}: the forecast after the first test window (L {l}, H {h})");
         let actual = (0..l + h).map(|i| (i as f64 - (l as f64 - 1.0), units(test.rows[s + i][j]))).collect();
-        if let Some(iv) = interval(s, &series_major_to_rows(&pred, t, h)) {
+        if let Some(iv) = interval(s, &pred) {
             band = iv.iter().enumerate().map(|(k, &(lo, hi))| ((k + 1) as f64, units(lo), units(hi))).collect();
         }
-        (actual, pred[pred.len() - h..].iter().enumerate().map(|(k, &v)| ((k + 1) as f64, units(v))).collect())
+        (actual, pred.iter().enumerate().map(|(k, &v)| ((k + 1) as f64, units(v))).collect())
     };
     let x_label = if h == 1 { "test row" } else { "rows after the last one the model saw" };
     let band_label = pair.map_or(String::new(), |(_, _, nominal)| format!("{:.0} % interval", 100.0 * nominal));
@@ -1070,7 +1128,10 @@ fn clock_of(table: &Table, calendar: Option<&Calendar>) -> Vec<i64> {
 /// The rows of `--data` (or the embedded data) in the model's feature columns, scaled as in
 /// training, and their calendar clock.
 fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Vec<Vec<f64>>, Vec<i64>)> {
-    let (table, _) = load_table(d, Some(spec.features.clone()))?;
+    let table = match &spec.panel {
+        None => load_table(d, Some(spec.features.clone()))?.0,
+        Some(p) => read_panel(d, spec, p)?,
+    };
     if spec.calendar.is_some() && table.times.is_none() {
         bail!("the model reads calendar cycles from a date column; this data has none that reads as dates");
     }
@@ -1080,6 +1141,27 @@ fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Ve
     Ok((scaler.transform(&rows, &spec.features).with_context(|| source)?, clock_of(&table, spec.calendar.as_ref())))
 }
 
+/// `--data` in long format as the panel model `spec` was trained on (its id and value columns),
+/// pivoted to a column per id; each of the model's series must have rows in it.
+fn read_panel(d: &DataArgs, spec: &ForecastSpec, p: &PanelSpec) -> Result<Table> {
+    let Some(path) = &d.data else {
+        bail!("the model was trained on a long-format panel (ids in column `{}`); give such a file with --data", p.id_column);
+    };
+    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(vec![p.value_column.clone()]) };
+    let (table, _) = mamba2_data::panel::read_long(path, &p.id_column, &choice)?;
+    let missing: Vec<&str> = spec.features.iter().filter(|id| !table.columns.contains(id)).map(String::as_str).collect();
+    if let Some(first) = missing.first() {
+        bail!(
+            "{}: the model's series `{first}` has no row in column `{}` ({} of its {} series missing)",
+            path.display(),
+            p.id_column,
+            missing.len(),
+            spec.features.len()
+        );
+    }
+    Ok(table)
+}
+
 fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
     let out = backtest::check(&b)?;
     with_backend!(b.train.backend, B, backtest::run::<B>(&b, &out))
@@ -1087,7 +1169,10 @@ fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
 
 fn cmd_eval(a: UseArgs) -> Result<()> {
     if a.id_column.is_some() {
-        bail!("eval scores one table of series; --id-column is read by predict and stream");
+        bail!(
+            "eval takes no --id-column: a model trained on a long-format panel reads it with the id column in its checkpoint, and \
+             one trained on a wide table scores a wide table"
+        );
     }
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
@@ -1108,6 +1193,9 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
             None => println!("no quantiles: the checkpoint holds no calibration (written before quantiles existed)"),
         }
         if let Some(from) = a.continuous_from {
+            if spec.panel.is_some() {
+                bail!("--continuous-from streams one table from its first row; a panel's series start and stop at their own dates");
+            }
             let (cm, ca) =
                 mamba2_train::evaluate_continuous(&model, &rows, &clock, (from.saturating_sub(spec.lookback), rows.len()), &device)?;
             println!("streamed from row 0, forecasts after rows {}..: mamba2 MSE {cm:.6} MAE {ca:.6}", from.saturating_sub(1));
@@ -1217,8 +1305,78 @@ fn predict_ids<B: burn::prelude::Backend>(
     Ok(())
 }
 
+/// The id column a command reads with a model trained on a panel: the checkpoint's, which
+/// `--id-column`, where given, must name.
+fn panel_id_column<'a>(given: Option<&str>, p: &'a PanelSpec) -> Result<&'a str> {
+    match given {
+        Some(g) if g != p.id_column => {
+            bail!("--id-column {g}: the model was trained on a panel with ids in column `{}`", p.id_column)
+        }
+        _ => Ok(&p.id_column),
+    }
+}
+
+/// `predict` with a model trained on a panel: each id of the long-format file forecast after its
+/// own last row, from the dates it has rows for (what `stream` gives after the same rows).
+fn predict_panel<B: burn::prelude::Backend>(
+    a: &UseArgs,
+    p: &PanelSpec,
+    model: &Forecaster<B>,
+    scaler: &Scaler,
+    spec: &ForecastSpec,
+    calibration: Option<&Calibration>,
+    device: &B::Device,
+) -> Result<()> {
+    let id_column = panel_id_column(a.id_column.as_deref(), p)?;
+    let path = a
+        .data
+        .data
+        .as_ref()
+        .with_context(|| format!("the model was trained on a panel (ids in column `{id_column}`); give such a file with --data"))?;
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(vec![p.value_column.clone()]) };
+    let (table, _) = mamba2_data::panel::read_long(path, id_column, &choice)?;
+    let clock = clock_of(&table, spec.calendar.as_ref());
+    let mut ids: Vec<usize> = (0..table.columns.len()).collect();
+    if let Some(one) = &a.id {
+        let k = table.columns.iter().position(|c| c == one);
+        ids = vec![k.with_context(|| {
+            format!("--id {one}: no row of {} has this id in column `{id_column}` ({} ids)", path.display(), table.columns.len())
+        })?];
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "id,step,{}", forecast_header(std::slice::from_ref(&p.value_column), calibration))?;
+    for k in ids {
+        let id = &table.columns[k];
+        let t = spec.targets.iter().position(|s| s == id).with_context(|| {
+            format!("{}: id `{id}` is not one of the {} series the model was trained on", path.display(), spec.targets.len())
+        })?;
+        let own = Scaler { mean: vec![scaler.mean[t]], std: vec![scaler.std[t]] };
+        let dates: Vec<usize> = (0..table.rows.len()).filter(|&r| !table.rows[r][k].is_nan()).collect();
+        let rows = dates
+            .iter()
+            .map(|&r| own.transform_row(&[table.rows[r][k]], std::slice::from_ref(id), &format!("{}, id {id}", path.display())))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let clock: Vec<i64> = dates.iter().map(|&r| clock[r]).collect();
+        let pred = model.forecast_series(&rows, &clock, t, device)?;
+        let quantiles = calibration.map(|c| {
+            let iv = &c.model;
+            let mut recent = Vec::new();
+            iv.recent_in(&rows, rows.len() - 1, 0, &mut recent);
+            let mut q = vec![0.0; pred.len() * iv.levels.len()];
+            iv.fill(t, iv.scale_of(t, &recent), pred.iter().copied(), &mut q);
+            q
+        });
+        print_forecast(&mut out, &pred, quantiles.as_deref(), &[t], scaler, &format!("{},", csv_field(id)))?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn cmd_predict(a: UseArgs) -> Result<()> {
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
+        if let Some(p) = &spec.panel {
+            return predict_panel(&a, p, &model, &scaler, &spec, calibration.as_ref(), &device);
+        }
         if let Some(id_column) = &a.id_column {
             return predict_ids(&a, id_column, &model, &scaler, &spec, calibration.as_ref(), &device);
         }
@@ -1322,10 +1480,18 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             }
         });
     }
+    // A model trained on a panel reads rows of `id, date, value` (its checkpoint names the
+    // columns): each id its own series of the model.
+    let panel = spec.panel.as_ref();
+    let id_column = match panel {
+        Some(p) => Some(panel_id_column(a.id_column.as_deref(), p)?.to_string()),
+        None => a.id_column.clone(),
+    };
+    let columns = panel.map_or_else(|| spec.features.clone(), |p| vec![p.value_column.clone()]);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
-    let id_at = match &a.id_column {
+    let id_at = match &id_column {
         Some(name) => {
             let cells = csv_cells(&header);
             Some(
@@ -1341,7 +1507,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     // as it is made, without one write per printed line.
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let id_head = if id_at.is_some() { "id," } else { "" };
-    writeln!(out, "{id_head}row,step,{}", forecast_header(&spec.targets, calibration))?;
+    writeln!(out, "{id_head}row,step,{}", forecast_header(if panel.is_some() { &columns } else { &spec.targets }, calibration))?;
     let (mut since_save, mut skipped) = (0u64, 0u64);
     for (i, line) in lines.enumerate() {
         let line = line?;
@@ -1355,7 +1521,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
                 let id = cells
                     .get(k)
                     .filter(|c| !c.is_empty())
-                    .with_context(|| format!("{at}: no id in column `{}`", a.id_column.as_deref().unwrap_or_default()))?;
+                    .with_context(|| format!("{at}: no id in column `{}`", id_column.as_deref().unwrap_or_default()))?;
                 id.clone()
             }
             None => String::new(),
@@ -1365,7 +1531,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             &line,
             i + 2,
             "stdin",
-            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()) },
+            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(columns.clone()) },
         )?;
         let mut bank = bank.lock().expect("not poisoned");
         let clock = match (&spec.calendar, &table.times) {
@@ -1375,7 +1541,23 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             (None, Some(t)) => t[0],
             (None, None) => bank.stream(&id).map_or(0, |s| s.rows() as i64) + 1,
         };
-        let row = scaler.transform_row(&table.rows[0], &spec.features, &at)?;
+        // The feature columns the row's values are, for scaling and back.
+        let series;
+        let own: &[usize] = match panel {
+            None => model.target_indices(),
+            Some(_) => {
+                series = [stream.series_index(&id).with_context(|| {
+                    format!("{at}: id `{id}` is not one of the {} series the model was trained on", spec.targets.len())
+                })?];
+                &series
+            }
+        };
+        let row = match panel {
+            None => scaler.transform_row(&table.rows[0], &spec.features, &at)?,
+            Some(_) => {
+                Scaler { mean: vec![scaler.mean[own[0]]], std: vec![scaler.std[own[0]]] }.transform_row(&table.rows[0], &columns, &at)?
+            }
+        };
         // With a state file, a feed restarted from before the saved rows skips them; without
         // one every row counts, as in `predict`.
         let pred = if a.state.is_some() { bank.push_new(&id, &row, clock) } else { bank.push(&id, &row, clock).map(Some) };
@@ -1389,7 +1571,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             Some(_) => format!("{},{},", csv_field(&id), this.rows()),
             None => format!("{},", this.rows()),
         };
-        print_forecast(&mut out, &pred, quantiles.as_deref(), model.target_indices(), scaler, &prefix)?;
+        print_forecast(&mut out, &pred, quantiles.as_deref(), own, scaler, &prefix)?;
         out.flush()?;
         since_save += 1;
         if let Some(path) = a.state.as_ref().filter(|_| since_save >= a.state_every) {

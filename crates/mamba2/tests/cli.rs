@@ -1221,7 +1221,7 @@ fn stream_panel(ckpt: &Path, input: &Path, extra: &[&str], stop: Option<(usize, 
     let mut stderr = String::new();
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     if !lines.is_empty() {
-        assert!(lines[0].starts_with("id,row,step,a"), "{}", lines[0]);
+        assert!(lines[0].starts_with("id,row,step,"), "{}", lines[0]);
         lines.remove(0);
     }
     (lines, status.code(), stderr)
@@ -1311,9 +1311,10 @@ fn interleaved_ids_stream_as_each_alone_predict_per_id_and_resume_from_a_state_f
     }
     let empty_id = dir.join("empty_id.csv");
     std::fs::write(&empty_id, "date,id,a\n2020-01-01 00:00:00,x,1.5\n2020-01-01 01:00:00,,1.5\n").unwrap();
-    for (cmd, says) in
-        [("predict", "empty_id.csv: line 3, column `id`: no id"), ("eval", "eval scores one table of series; --id-column is read by")]
-    {
+    for (cmd, says) in [
+        ("predict", "empty_id.csv: line 3, column `id`: no id"),
+        ("eval", "eval takes no --id-column: a model trained on a long-format panel reads it"),
+    ] {
         let o = run(bin().args([cmd, "--checkpoint", ckpt.to_str().unwrap(), "--id-column", "id", "--data"]).arg(&empty_id));
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!((o.status.code(), stderr.trim_end().lines().count()), (Some(1), 1), "{stderr}");
@@ -1394,4 +1395,265 @@ fn interleaved_ids_stream_as_each_alone_predict_per_id_and_resume_from_a_state_f
     let (_, code, stderr) = stream_panel(&ckpt, &input, &["--state-every", "0"], None);
     assert_eq!((code, stderr.trim_end().lines().count()), (Some(2), 1), "{stderr}");
     assert!(stderr.contains("a state is saved at least every row"), "{stderr}");
+}
+
+/// Every float parameter of the checkpoint at `path`, in visiting order.
+fn parameters(path: &Path) -> Vec<f64> {
+    use burn::backend::NdArray;
+    use mamba2_forecast::{Forecaster, ForecasterConfig};
+    struct Values(Vec<f64>);
+    impl<B: burn::prelude::Backend> burn::module::ModuleVisitor<B> for Values {
+        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<burn::prelude::Tensor<B, D>>) {
+            self.0.extend(mamba2_tensor::compare::to_f64_vec(p.val()));
+        }
+    }
+    let loaded =
+        mamba2_model::load_checkpoint::<NdArray<f64>, Forecaster<NdArray<f64>>, ForecasterConfig>(path, &Default::default(), |c, d| {
+            c.init(d)
+        })
+        .unwrap();
+    let mut v = Values(Vec::new());
+    burn::module::Module::visit(&loaded.module, &mut v);
+    v.0
+}
+
+/// ETTh1 rewritten in long format (an id column naming each of its 7 columns, one value column,
+/// dates newest first) trains the same model as the wide file: every parameter within 1e-12,
+/// the same epochs and the same test figures, per series too; `eval` of each on its own file
+/// prints the same figures.
+#[test]
+fn etth1_in_long_format_trains_the_same_model_as_the_wide_file() {
+    let dir = scratch("long-etth1");
+    let wide_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/ett/ETTh1.csv")).unwrap();
+    let mut lines = wide_text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let mut long = String::from("date,id,value\n");
+    let rows: Vec<&str> = lines.collect();
+    for line in rows.iter().rev() {
+        let cells: Vec<&str> = line.split(',').collect();
+        for (name, v) in header[1..].iter().zip(&cells[1..]) {
+            long += &format!("{},{name},{v}\n", cells[0]);
+        }
+    }
+    let (wide, longf) = (dir.join("wide.csv"), dir.join("long.csv"));
+    std::fs::write(&wide, &wide_text).unwrap();
+    std::fs::write(&longf, &long).unwrap();
+    let small = [
+        "--lookback",
+        "24",
+        "--horizon",
+        "12",
+        "--d-model",
+        "8",
+        "--d-state",
+        "4",
+        "--headdim",
+        "4",
+        "--chunk-size",
+        "8",
+        "--dtype",
+        "f64",
+        "--epochs",
+        "2",
+        "--stride",
+        "64",
+        "--borders",
+        "8640,11520,14400",
+    ];
+    let train = |data: &Path, out: &str, extra: &[&str]| {
+        let o = run(bin().arg("train").arg("--data").arg(data).arg("--out").arg(dir.join(out)).args(small).args(extra));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    train(&wide, "wide", &[]);
+    let printed = train(&longf, "long", &["--id-column", "id"]);
+    assert!(
+        printed.contains("long format, 7 series (ids in column `id`: HUFL, HULL, MUFL, MULL, LUFL, LULL, OT), values `value`"),
+        "{printed}"
+    );
+    for file in ["best.ckpt", "last.ckpt"] {
+        let (a, b) = (parameters(&dir.join("wide").join(file)), parameters(&dir.join("long").join(file)));
+        assert_eq!(a.len(), b.len());
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1e-12, "{file}: parameters differ by up to {worst:e}");
+    }
+    assert_eq!(epoch_figures(&dir.join("wide")), epoch_figures(&dir.join("long")));
+    let (sw, sl) = (summary(&dir.join("wide")), summary(&dir.join("long")));
+    for key in ["test_mse", "test_mae", "repeat_mse", "test", "test_per_step", "test_per_column", "test_quantiles", "val_mse", "blend"] {
+        assert_eq!(sw[key], sl[key], "summary.json's `{key}`");
+    }
+    assert_eq!(sl["test_per_column"].as_array().unwrap().len(), 7);
+    let eval = |ckpt: &str, data: &Path| {
+        let o = run(bin().args(["eval", "--dtype", "f64", "--checkpoint"]).arg(dir.join(ckpt).join("best.ckpt")).arg("--data").arg(data));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(eval("wide", &wide), eval("long", &longf));
+}
+
+/// A panel whose series start, stop and pause at their own dates: `train --id-column` fits
+/// each series' scale on its own training values and uses a window for a series only where the
+/// series has every value of it. `eval` of the model's Repeat baseline on the file equals the
+/// same figure computed here from the CSV alone; a series with no test window says so.
+#[test]
+fn a_panel_of_series_with_their_own_spans_trains_and_scores_each_on_its_own_windows() {
+    let dir = scratch("ragged");
+    // id, first and last hour (inclusive), and a gap of hours without a row.
+    type Span = (&'static str, usize, usize, Option<(usize, usize)>);
+    let spans: [Span; 5] =
+        [("a", 0, 599, None), ("b", 100, 699, None), ("c", 0, 699, Some((300, 340))), ("d", 200, 480, None), ("e", 0, 699, None)];
+    let value = |k: usize, t: usize| (1.0 + 0.3 * k as f64) * ((t as f64 + 5.0 * k as f64) * 0.26).sin() + 0.01 * t as f64 + 3.0 * k as f64;
+    let has = |k: usize, t: usize| {
+        let (_, a, b, gap) = spans[k];
+        a <= t && t <= b && !gap.is_some_and(|(g0, g1)| g0 <= t && t < g1)
+    };
+    let mut text = String::from("id,date,y\n");
+    for t in 0..700 {
+        for j in 0..5 {
+            let k = (j + t) % 5;
+            if has(k, t) {
+                text += &format!("{},{},{}\n", spans[k].0, crate::common::stamp(1_577_836_800 + 3600 * t as i64), value(k, t));
+            }
+        }
+    }
+    let panel = dir.join("panel.csv");
+    std::fs::write(&panel, &text).unwrap();
+    let o = run(bin().arg("train").arg("--data").arg(&panel).args(["--id-column", "id", "--out"]).arg(dir.join("run")).args(TINY).args([
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+    ]));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("long format, 5 series (ids in column `id`: a, c, e, b, d), values `y`, on 700 dates"), "{stdout}");
+    // d ends at hour 480, before the validation split (the default 0.7: hour 490).
+    assert!(stdout.contains("  d              no test window: it lacks values there"), "{stdout}");
+    let s = summary(&dir.join("run"));
+    let per: Vec<u64> = s["test_per_column"].as_array().unwrap().iter().map(|c| c["windows"].as_u64().unwrap()).collect();
+    // The ids in order of first appearance (b and d start later). The test split is hours
+    // 560 - L..700: windows of L 12 + H 3 rows start at 548..=685, and the first 128 of them
+    // (whole batches of 32) are scored: a's until its last hour 599 (starts 548..=585), c's,
+    // e's and b's all; d ends at 480.
+    assert_eq!(per, [585 - 548 + 1, 128, 128, 128, 0]);
+
+    // Repeat's error over every window of the file, each series scaled by the mean and
+    // standard deviation of its own values in the first 490 hours.
+    let (l, h) = (12, 3);
+    let (mut se, mut n) = (0.0, 0usize);
+    for k in 0..5 {
+        let train: Vec<f64> = (0..490).filter(|&t| has(k, t)).map(|t| value(k, t)).collect();
+        let mean = train.iter().sum::<f64>() / train.len() as f64;
+        let sd = (train.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / train.len() as f64).sqrt();
+        for s in 0..=700 - l - h {
+            if (s..s + l + h).all(|t| has(k, t)) {
+                let last = value(k, s + l - 1);
+                for t in s + l..s + l + h {
+                    se += ((value(k, t) - last) / sd).powi(2);
+                    n += 1;
+                }
+            }
+        }
+    }
+    let by_hand = se / n as f64;
+    let e = run(bin().args(["eval", "--dtype", "f64", "--checkpoint"]).arg(dir.join("run/best.ckpt")).arg("--data").arg(&panel));
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    let out = String::from_utf8_lossy(&e.stdout);
+    let repeat: f64 = out.split("Repeat MSE ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!((repeat - by_hand).abs() <= 1e-5 * by_hand, "eval's Repeat MSE {repeat}, by hand {by_hand}: {out}");
+
+    // predict: each id after its own last row. stream of the interleaved file: the same after
+    // each id's last row (f64, 1e-9); killed (SIGKILL) mid-feed and restarted from its state
+    // file, it prints what the uninterrupted run prints for every row after the last save.
+    let ckpt = dir.join("run/best.ckpt");
+    let p = run(bin().args(["predict", "--dtype", "f64", "--checkpoint"]).arg(&ckpt).arg("--data").arg(&panel));
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let predicted = String::from_utf8_lossy(&p.stdout).into_owned();
+    assert!(predicted.starts_with("id,step,y,y_q10,y_q50,y_q90\n"), "{predicted}");
+    let (all, code, err) = stream_panel(&ckpt, &panel, &[], None);
+    assert_eq!(code, Some(0), "{err}");
+    let mut compared = 0;
+    for line in predicted.lines().skip(1) {
+        let (id, rest) = line.split_once(',').unwrap();
+        let (step, values) = rest.split_once(',').unwrap();
+        let last_row = all.iter().filter(|l| l.starts_with(&format!("{id},"))).map(|l| l.split(',').nth(1).unwrap()).last().unwrap();
+        let streamed = all.iter().find(|l| l.starts_with(&format!("{id},{last_row},{step},"))).unwrap();
+        let streamed: Vec<f64> = streamed.split(',').skip(3).map(|v| v.parse().unwrap()).collect();
+        let values: Vec<f64> = values.split(',').map(|v| v.parse().unwrap()).collect();
+        assert_eq!(values.len(), 4);
+        for (a, b) in values.iter().zip(&streamed) {
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{id} step {step}: predict {a}, stream {b}");
+        }
+        compared += 1;
+    }
+    assert_eq!(compared, 5 * 3);
+    let state = dir.join("state.bin");
+    let with_state = ["--state", state.to_str().unwrap(), "--state-every", "200"];
+    let (first, code, _) = stream_panel(&ckpt, &panel, &with_state, Some((1500, 9)));
+    assert_eq!((code, first.len()), (None, 1500));
+    let (rest, code, err) = stream_panel(&ckpt, &panel, &with_state, None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("series restored") && err.contains("dated at or before their series' last row"), "{err}");
+    assert!(!rest.is_empty() && rest.len() < all.len());
+    assert_eq!(rest[..], all[all.len() - rest.len()..], "the restarted stream differs from the uninterrupted one");
+    let e = stream_panel(&ckpt, &write_unknown(&dir), &[], None);
+    assert!(e.2.contains("stdin line 2: id `zz` is not one of the 5 series the model was trained on"), "{}", e.2);
+
+    // Malformed panels and flags: one line each.
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let no_date = write("nodate.csv", "id,y\na,1\na,2\n");
+    let two = write("two.csv", "id,date,y,z\na,2024-01-01 00:00,1,2\n");
+    let twice = write("twice.csv", "id,date,y\na,2024-01-01 00:00,1\nb,2024-01-01 00:00,1\na,2024-01-01 00:00,3\n");
+    let without_e: String = text.lines().filter(|l| !l.starts_with("e,")).map(|l| format!("{l}\n")).collect();
+    let without_e = write("without_e.csv", &without_e);
+    // Two ids taking turns, hour by hour: neither has two consecutive dates of the panel.
+    let turns: String = std::iter::once("id,date,y\n".to_string())
+        .chain((0..300).map(|t| format!("{},{},{}\n", ["a", "b"][t % 2], crate::common::stamp(1_577_836_800 + 3600 * t as i64), t % 7)))
+        .collect();
+    let turns = write("turns.csv", &turns);
+    let p = panel.to_str().unwrap();
+    let ckpt = ckpt.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["train", "--id-column", "id", "--data", no_date.to_str().unwrap()], "long format needs a date column".into()),
+        (vec!["train", "--id-column", "id", "--data", two.to_str().unwrap()], "this file has 2 (y, z); pick one with --columns".into()),
+        (
+            vec!["train", "--id-column", "id", "--data", twice.to_str().unwrap()],
+            "data row 3: id `a` has a second row at the same date".into(),
+        ),
+        (
+            vec!["train", "--id-column", "id", "--data", turns.to_str().unwrap(), "--lookback", "12", "--horizon", "3"],
+            "train split: no series has all 15 values (lookback 12 + horizon 3) of any window in this split".into(),
+        ),
+        (vec!["train", "--id-column", "id", "--data", p, "--mix"], "--mix with --id-column".into()),
+        (vec!["train", "--id-column", "id"], "give a long-format file with --data".into()),
+        (vec!["train", "--id-column", "name", "--data", p], "no id column `name`".into()),
+        (vec!["backtest", "--id-column", "id", "--data", p], "backtest reads one wide table for now".into()),
+        (
+            vec!["eval", "--checkpoint", ckpt, "--data", without_e.to_str().unwrap()],
+            "the model's series `e` has no row in column `id` (1 of its 5 series missing)".into(),
+        ),
+        (vec!["eval", "--checkpoint", ckpt, "--data", p, "--continuous-from", "500"], "--continuous-from streams one table".into()),
+        (
+            vec!["predict", "--checkpoint", ckpt, "--data", p, "--id-column", "name"],
+            "--id-column name: the model was trained on a panel with ids in column `id`".into(),
+        ),
+        (vec!["predict", "--checkpoint", ckpt, "--data", p, "--id", "zz"], "--id zz: no row of".into()),
+    ];
+    for (args, want) in cases {
+        let o = run(bin().args(&args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&want) && err.trim().lines().count() == 1, "{args:?}: {err}");
+    }
+}
+
+/// A panel file whose one row is of an id no model here was trained on.
+fn write_unknown(dir: &Path) -> PathBuf {
+    let p = dir.join("unknown.csv");
+    std::fs::write(&p, format!("id,date,y\nzz,{},3\n", crate::common::stamp(1_577_836_800))).unwrap();
+    p
 }

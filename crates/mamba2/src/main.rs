@@ -489,7 +489,13 @@ fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)
         bail!("--mix with --id-column: each series would read every other series at every date, and a panel's series are missing where they have no row");
     }
     let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone() };
-    let (table, value_column) = mamba2_data::panel::read_long(path, id, &choice)?;
+    let (mut table, value_column) = mamba2_data::panel::read_long(path, id, &choice)?;
+    // `--targets` picks ids: the others are left out, since a series reads no other.
+    if let Some(ids) = &a.targets {
+        let keep = table.indices(ids).with_context(|| format!("--targets of a panel name its ids (column `{id}`)"))?;
+        table.rows = table.rows.iter().map(|r| keep.iter().map(|&j| r[j]).collect()).collect();
+        table.columns = ids.clone();
+    }
     Ok((table, false, Some(PanelSpec { id_column: id.clone(), value_column })))
 }
 

@@ -1527,6 +1527,17 @@ fn a_panel_of_series_with_their_own_spans_trains_and_scores_each_on_its_own_wind
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("long format, 5 series (ids in column `id`: a, c, e, b, d), values `y`, on 700 dates"), "{stdout}");
+    // --targets picks ids; the others are left out.
+    let two = run(bin()
+        .arg("train")
+        .arg("--data")
+        .arg(&panel)
+        .args(["--id-column", "id", "--targets", "e,a", "--out"])
+        .arg(dir.join("two"))
+        .args(TINY)
+        .args(["--epochs", "1"]));
+    assert!(two.status.success(), "{}", String::from_utf8_lossy(&two.stderr));
+    assert!(String::from_utf8_lossy(&two.stdout).contains("long format, 2 series (ids in column `id`: e, a)"));
     // d ends at hour 480, before the validation split (the default 0.7: hour 490).
     assert!(stdout.contains("  d              no test window: it lacks values there"), "{stdout}");
     let s = summary(&dir.join("run"));
@@ -1631,6 +1642,10 @@ fn a_panel_of_series_with_their_own_spans_trains_and_scores_each_on_its_own_wind
         (vec!["train", "--id-column", "id", "--data", p, "--mix"], "--mix with --id-column".into()),
         (vec!["train", "--id-column", "id"], "give a long-format file with --data".into()),
         (vec!["train", "--id-column", "name", "--data", p], "no id column `name`".into()),
+        (
+            vec!["train", "--id-column", "id", "--data", p, "--targets", "a,zz"],
+            "--targets of a panel name its ids (column `id`): columns: unknown column `zz`".into(),
+        ),
         (vec!["backtest", "--id-column", "id", "--data", p], "backtest reads one wide table for now".into()),
         (
             vec!["eval", "--checkpoint", ckpt, "--data", without_e.to_str().unwrap()],

@@ -1587,7 +1587,7 @@ fn a_panel_of_series_with_their_own_spans_trains_and_scores_each_on_its_own_wind
     for line in predicted.lines().skip(1) {
         let (id, rest) = line.split_once(',').unwrap();
         let (step, values) = rest.split_once(',').unwrap();
-        let last_row = all.iter().filter(|l| l.starts_with(&format!("{id},"))).map(|l| l.split(',').nth(1).unwrap()).last().unwrap();
+        let last_row = all.iter().rfind(|l| l.starts_with(&format!("{id},"))).unwrap().split(',').nth(1).unwrap();
         let streamed = all.iter().find(|l| l.starts_with(&format!("{id},{last_row},{step},"))).unwrap();
         let streamed: Vec<f64> = streamed.split(',').skip(3).map(|v| v.parse().unwrap()).collect();
         let values: Vec<f64> = values.split(',').map(|v| v.parse().unwrap()).collect();

@@ -224,14 +224,22 @@ impl Intervals {
     /// The quantiles of every target, `[step][target][level]`, for point forecasts
     /// `[step][target]`, each target's scale read from `recent(t)`.
     pub fn quantiles<'a>(&self, point: &[f64], recent: impl Fn(usize) -> &'a [f64]) -> Vec<f64> {
-        let (t_n, h, q) = (self.targets, self.horizon, self.levels.len());
+        let all: Vec<usize> = (0..self.targets).collect();
+        self.quantiles_at(&all, point, recent)
+    }
+
+    /// [`quantiles`](Self::quantiles) of some of the targets: `targets[c]` is the target whose
+    /// intervals serve forecast column `c` (`[step][c]` in `point`, `[step][c][level]` in the
+    /// result), its scale read from `recent(c)`. A panel's series forecast alone is one column.
+    pub fn quantiles_at<'a>(&self, targets: &[usize], point: &[f64], recent: impl Fn(usize) -> &'a [f64]) -> Vec<f64> {
+        let (t_n, h, q) = (targets.len(), self.horizon, self.levels.len());
         let mut out = vec![0.0; h * t_n * q];
         let mut one = vec![0.0; h * q];
-        for t in 0..t_n {
-            let s = self.scale_of(t, recent(t));
-            self.fill(t, s, (0..h).map(|k| point[k * t_n + t]), &mut one);
+        for (c, &t) in targets.iter().enumerate() {
+            let s = self.scale_of(t, recent(c));
+            self.fill(t, s, (0..h).map(|k| point[k * t_n + c]), &mut one);
             for k in 0..h {
-                out[(k * t_n + t) * q..(k * t_n + t + 1) * q].copy_from_slice(&one[k * q..(k + 1) * q]);
+                out[(k * t_n + c) * q..(k * t_n + c + 1) * q].copy_from_slice(&one[k * q..(k + 1) * q]);
             }
         }
         out

@@ -15,6 +15,7 @@ use burn::tensor::Element;
 use rayon::prelude::*;
 
 use mamba2_data::calendar::Calendar;
+use mamba2_model::ModelError;
 
 /// Added to the rolling variance before the square root, as RevIN does.
 pub const STD_EPS: f64 = 1e-5;
@@ -392,10 +393,21 @@ impl FeatureMap {
     }
 
     /// This map for the target at position `t` alone, read from rows that hold just its value
-    /// (column 0): a panel's series as its own stream or history. `None` where the model reads
-    /// covariates, which such rows lack.
-    pub fn alone(&self, t: usize) -> Option<FeatureMap> {
-        self.covariates.is_empty().then(|| FeatureMap { targets: vec![0], series: vec![self.series[t]], ..self.clone() })
+    /// (column 0): a panel's series as its own stream or history.
+    ///
+    /// # Errors
+    /// [`ModelError::State`] when there is no target `t`, or the map reads covariates, which
+    /// such rows lack.
+    pub fn alone(&self, t: usize) -> Result<FeatureMap, ModelError> {
+        if t >= self.targets.len() {
+            return Err(ModelError::State { why: format!("series {t} of a model of {} series", self.targets.len()) });
+        }
+        if !self.covariates.is_empty() {
+            return Err(ModelError::State {
+                why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
+            });
+        }
+        Ok(FeatureMap { targets: vec![0], series: vec![self.series[t]], ..self.clone() })
     }
 
     /// The sequences of the histories `rows[s .. s + len]` for each start `s` (each history

@@ -535,19 +535,9 @@ impl<B: Backend> Forecaster<B> {
     /// [`ModelError::State`] when the model reads covariates (a series' rows would lack them)
     /// or `t` is not one of its targets.
     pub fn forecast_series(&self, rows: &[Vec<f64>], clock: &[i64], t: usize, device: &B::Device) -> Result<Vec<f64>, ModelError> {
-        let map = self.series_map(t)?;
+        let map = self.feature_map().alone(t)?;
         let hb = map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values);
         Ok(mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?))
-    }
-
-    /// [`FeatureMap::alone`] of target `t`, or why there is none.
-    pub(crate) fn series_map(&self, t: usize) -> Result<FeatureMap, ModelError> {
-        if t >= self.target_idx.len() {
-            return Err(ModelError::State { why: format!("series {t} of a model of {} series", self.target_idx.len()) });
-        }
-        self.feature_map().alone(t).ok_or_else(|| ModelError::State {
-            why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
-        })
     }
 
     /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the

@@ -128,14 +128,8 @@ impl<T: HostFloat> ForecastStream<T> {
     /// [`ModelError::State`] when the model reads covariates (such rows lack them) or has no
     /// target `t`.
     pub fn of_series(&self, t: usize) -> Result<Self, ModelError> {
-        let w = &self.weights;
-        if t >= w.map.targets.len() {
-            return Err(ModelError::State { why: format!("series {t} of a model of {} series", w.map.targets.len()) });
-        }
-        let map = w.map.alone(t).ok_or_else(|| ModelError::State {
-            why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
-        })?;
-        Ok(Self::start(w.clone(), RowEncoder::new(&map), vec![t], self.state.has_helper()))
+        let map = self.weights.map.alone(t)?;
+        Ok(Self::start(self.weights.clone(), RowEncoder::new(&map), vec![t], self.state.has_helper()))
     }
 
     /// The place among the model's targets of the series named `name`, for a model trained on a
@@ -291,20 +285,7 @@ impl<T: HostFloat> ForecastStream<T> {
     /// intervals.
     pub fn quantiles(&self, point: &[f64]) -> Option<Vec<f64>> {
         let iv = self.weights.intervals.as_ref()?;
-        if self.positions.len() == self.weights.map.targets.len() {
-            return Some(iv.quantiles(point, |t| &self.recent[t]));
-        }
-        // Some of the model's series: each its own place's intervals.
-        let (t_n, h, q) = (self.positions.len(), iv.horizon, iv.levels.len());
-        let mut out = vec![0.0; h * t_n * q];
-        let mut one = vec![0.0; h * q];
-        for (c, &t) in self.positions.iter().enumerate() {
-            iv.fill(t, iv.scale_of(t, &self.recent[c]), (0..h).map(|k| point[k * t_n + c]), &mut one);
-            for k in 0..h {
-                out[(k * t_n + c) * q..(k * t_n + c + 1) * q].copy_from_slice(&one[k * q..(k + 1) * q]);
-            }
-        }
-        Some(out)
+        Some(iv.quantiles_at(&self.positions, point, |c| &self.recent[c]))
     }
 
     /// Adds one row (every input column, scaled as in training) at calendar clock `clock` and

@@ -987,10 +987,9 @@ fn test_plots<B: burn::prelude::Backend>(
         let (c, (a, b, _)) = (calibration?, pair?);
         let iv = &c.model;
         let mut recent = Vec::new();
-        mamba2_data::quantile::last_values(test.rows, s + l - 1, j, iv.memory(), &mut recent);
+        iv.recent_in(test.rows, s + l - 1, j, &mut recent);
         let n_q = iv.levels.len();
-        let mut q = vec![0.0; h * n_q];
-        iv.fill(tp, iv.scale_of(tp, &recent), point.iter().copied(), &mut q);
+        let q = iv.quantiles_at(&[tp], point, |_| &recent);
         Some((0..h).map(|k| (q[k * n_q + a], q[k * n_q + b])).collect())
     };
     let mut band: Vec<(f64, f64, f64)> = Vec::new();
@@ -1365,12 +1364,9 @@ fn predict_panel<B: burn::prelude::Backend>(
         let clock: Vec<i64> = dates.iter().map(|&r| clock[r]).collect();
         let pred = model.forecast_series(&rows, &clock, t, device)?;
         let quantiles = calibration.map(|c| {
-            let iv = &c.model;
             let mut recent = Vec::new();
-            iv.recent_in(&rows, rows.len() - 1, 0, &mut recent);
-            let mut q = vec![0.0; pred.len() * iv.levels.len()];
-            iv.fill(t, iv.scale_of(t, &recent), pred.iter().copied(), &mut q);
-            q
+            c.model.recent_in(&rows, rows.len() - 1, 0, &mut recent);
+            c.model.quantiles_at(&[t], &pred, |_| &recent)
         });
         print_forecast(&mut out, &pred, quantiles.as_deref(), &[t], scaler, &format!("{},", csv_field(id)))?;
     }

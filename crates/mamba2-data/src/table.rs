@@ -29,6 +29,11 @@ pub struct ColumnChoice {
     /// Columns to read; by default every numeric column (first data cell a number) but the
     /// date column.
     pub columns: Option<Vec<String>>,
+    /// Columns left empty in the table's last rows, the rows ahead: rows that give only the
+    /// values known in advance (future covariates) of the rows after the history. A row whose
+    /// cells of these columns are all empty is such a row, and they read as NaN there; those
+    /// rows must come last. Elsewhere an empty cell is an error as usual. Empty: none.
+    pub open_end: Vec<String>,
 }
 
 /// `v` as a user would write it: plain for everyday sizes, in exponent form for tiny and huge
@@ -268,10 +273,27 @@ impl Table {
         let mut table_rows = Vec::new();
         // Time stamps are kept when the first date cell reads as one; then every later cell must.
         let mut times: Option<Vec<i64>> = None;
+        let open: Vec<usize> = picked.iter().copied().filter(|&j| choice.open_end.contains(&header[j])).collect();
+        // The line of the first row ahead, once there is one.
+        let mut ahead_from: Option<usize> = None;
         for (i, row) in rows.enumerate() {
             let (n, cells) = row?;
             if cells.len() != header.len() {
                 return Err(err(format!("{}: {} cells, the header has {}", at(n), cells.len(), header.len())));
+            }
+            let empty = |c: &Cell| matches!(c, Cell::Null) || *c == Cell::Text(String::new());
+            let is_ahead = !open.is_empty() && open.iter().all(|&j| empty(&cells[j]));
+            match (is_ahead, ahead_from) {
+                (true, None) => ahead_from = Some(n),
+                (false, Some(first)) => {
+                    return Err(err(format!(
+                        "{}: a row with values after the rows ahead (the first at {}, with {} empty); the rows ahead come last",
+                        at(n),
+                        at(first),
+                        open.iter().map(|&j| format!("`{}`", header[j])).collect::<Vec<_>>().join(", ")
+                    )))
+                }
+                _ => {}
             }
             if let Some(d) = date {
                 match (i, cells[d].time(), times.as_mut()) {
@@ -292,6 +314,9 @@ impl Table {
                 .iter()
                 .map(|&j| {
                     let bad = |what: String| Err(err(format!("{}, column `{}`: {what}", at(n), header[j])));
+                    if is_ahead && open.contains(&j) {
+                        return Ok(f64::NAN);
+                    }
                     match &cells[j] {
                         Cell::Null => bad("empty cell".into()),
                         Cell::Text(t) if t.is_empty() => bad("empty cell".into()),
@@ -341,7 +366,8 @@ mod tests {
     #[test]
     fn default_columns_are_the_numeric_ones() {
         let csv = "when,id,x,y\n2020,a1,1.5,2\n2021,b2,2.5,3\n";
-        let t = Table::from_csv_str(csv, "inline", &ColumnChoice { date_column: Some("when".into()), columns: None }).unwrap();
+        let t = Table::from_csv_str(csv, "inline", &ColumnChoice { date_column: Some("when".into()), columns: None, ..Default::default() })
+            .unwrap();
         assert_eq!(t.columns, ["x", "y"]);
         assert_eq!(t.rows, vec![vec![1.5, 2.0], vec![2.5, 3.0]]);
         assert_eq!(t.times, None, "years alone are not dates");

@@ -93,6 +93,15 @@ impl<T: HostFloat> StreamBank<T> {
         stream.push(row, clock).map(Some)
     }
 
+    /// Announces a row ahead of series `id` (as [`ForecastStream::announce`]), starting its
+    /// stream if it is new.
+    ///
+    /// # Errors
+    /// As [`ForecastStream::announce`], and for an id [`push`](Self::push) refuses.
+    pub fn announce(&mut self, id: &str, row: &[f64], clock: i64) -> Result<bool, ModelError> {
+        self.series(id)?.announce(row, clock)
+    }
+
     /// The stream of `id`, started fresh if it is new.
     fn series(&mut self, id: &str) -> Result<&mut ForecastStream<T>, ModelError> {
         if !self.streams.contains_key(id) {
@@ -285,7 +294,7 @@ mod tests {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
         let opened = open_forecaster::<B>(format!("{dir}/tiny.ckpt").as_ref(), &Default::default()).unwrap();
         let spec = opened.model.spec().clone();
-        let choice = ColumnChoice { date_column: None, columns: Some(spec.features.clone()) };
+        let choice = ColumnChoice { date_column: None, columns: Some(spec.features.clone()), open_end: Vec::new() };
         let table = Table::from_path(format!("{dir}/tiny.csv").as_ref(), &choice).unwrap();
         let scaler: &Scaler = &opened.scaler;
         let rows = table.rows.iter().map(|r| scaler.transform_row(r, &spec.features, "a row").unwrap()).collect();

@@ -99,6 +99,11 @@ pub struct FeatureMap {
     pub targets: Vec<usize>,
     /// The other input columns, read as covariates by every series.
     pub covariates: Vec<usize>,
+    /// Covariates whose values are known ahead (future covariates), among `covariates`: at each
+    /// row the series also read their next `horizon` values, normalised by the column's rolling
+    /// statistics at the row, so that the direct map and the head see the inputs of the rows
+    /// they forecast. A row's inputs then need the `horizon` rows after it.
+    pub future: Vec<usize>,
     /// Rows the rolling statistics cover.
     pub norm_window: usize,
     /// Values of the series' own past each row's input holds (itself and the `patch - 1` rows
@@ -269,12 +274,18 @@ impl RowEncoder {
     /// Adds one row (all input columns, scaled) at calendar clock `clock`. Writes each series'
     /// inputs (`n_feat` values per series, series after series) into `inputs`, and its
     /// references into `refs`.
-    pub fn push(&mut self, row: &[f64], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
+    ///
+    /// `ahead` holds the `horizon` rows after this one when the map reads future covariates
+    /// (only their future columns are read), and may be empty otherwise.
+    ///
+    /// # Panics
+    /// When the map reads future covariates and `ahead` holds fewer than `horizon` rows.
+    pub fn push(&mut self, row: &[f64], ahead: &[Vec<f64>], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
         let f_n = self.map.n_feat();
         // SAFETY: `MaybeUninit<f64>` has the layout of `f64`, and `push_strided` writes only
         // initialised values through the view.
         let view = unsafe { &mut *(inputs as *mut [f64] as *mut [MaybeUninit<f64>]) };
-        self.push_strided(row, clock, view, f_n, refs);
+        self.push_strided(row, ahead, clock, view, f_n, refs);
     }
 
     /// [`push`](Self::push) with series `c`'s inputs written at `inputs[c * stride..]` in the
@@ -283,6 +294,7 @@ impl RowEncoder {
     pub(crate) fn push_strided<E: Element>(
         &mut self,
         row: &[f64],
+        ahead: &[Vec<f64>],
         clock: i64,
         inputs: &mut [MaybeUninit<E>],
         stride: usize,
@@ -303,7 +315,12 @@ impl RowEncoder {
         }
         for (&j, st) in m.covariates.iter().zip(self.covariates.iter_mut()) {
             let (mean, sd) = st.push(row[j]);
-            shared.push((row[j] - mean) / if m.scale { sd } else { 1.0 });
+            let sd = if m.scale { sd } else { 1.0 };
+            shared.push((row[j] - mean) / sd);
+            if m.future.contains(&j) {
+                assert!(ahead.len() >= m.horizon, "push: a future covariate needs the {} rows ahead, got {}", m.horizon, ahead.len());
+                shared.extend(ahead[..m.horizon].iter().map(|r| (r[j] - mean) / sd));
+            }
         }
         for (c, (&j, st)) in m.targets.iter().zip(self.targets.iter_mut()).enumerate() {
             let x = row[j];
@@ -380,7 +397,11 @@ impl FeatureMap {
     /// Inputs per row.
     pub fn n_feat(&self) -> usize {
         let code = if self.series_code { self.n_series } else { 0 };
-        self.patch + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len()) + self.covariates.len() + code
+        self.patch
+            + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len())
+            + self.covariates.len()
+            + self.future.len() * self.horizon
+            + code
     }
 
     /// This map for the targets at positions `keep` alone, each still the series it is.
@@ -459,6 +480,9 @@ impl FeatureMap {
         let t_of = |m: &Option<FeatureMap>| m.as_ref().map_or(self.targets.len(), |m| m.targets.len());
         let n_seq: usize = maps.iter().map(t_of).sum();
         let with_truth = starts.iter().all(|&s| s + len - 1 + h < rows.len());
+        // With future covariates, each row's inputs read the `H` rows after it: the rows after
+        // a history must be there (they are a window's truth, or `predict`'s rows ahead).
+        assert!(self.future.is_empty() || with_truth, "build: future covariates need the {h} rows after each history");
         let cycled = self.cycle_period > 0;
         let (absolute, relative) = (with_truth && truth_as == Truth::Values, with_truth && truth_as == Truth::Relative);
         let n_inputs = n_seq * len * f_n;
@@ -522,7 +546,8 @@ impl FeatureMap {
             }
             for p in 0..len {
                 let r = s + p;
-                enc.push_strided(&rows[r], clock[r], &mut inputs[p * f_n..], len * f_n, &mut refs);
+                let next_rows = if self.future.is_empty() { &[][..] } else { &rows[r + 1..r + 1 + h] };
+                enc.push_strided(&rows[r], next_rows, clock[r], &mut inputs[p * f_n..], len * f_n, &mut refs);
                 count += t_n * f_n;
                 for c in 0..t_n {
                     let back = len - 1 - p;
@@ -594,6 +619,7 @@ mod tests {
         let map = FeatureMap {
             targets: vec![0],
             covariates: vec![1],
+            future: vec![],
             norm_window: 8,
             patch: 1,
             scale: true,
@@ -647,6 +673,47 @@ mod tests {
         assert!(map.build::<f64>(&rows, &clock, &[40], 20, 1, 1, Truth::Relative).ahead.is_empty());
     }
 
+    /// A future covariate adds its next `H` values to each row's inputs, normalised by the
+    /// column's rolling statistics at the row (right after its own value), and nothing else
+    /// changes: the same rows with the future values changed give the same inputs but those.
+    #[test]
+    fn a_future_covariate_adds_its_next_values_normalised_at_the_row() {
+        let rows: Vec<Vec<f64>> = (0..40).map(|t| vec![(t as f64 * 0.3).sin(), (t as f64 * 0.7).cos() * 3.0 + 1.0]).collect();
+        let clock: Vec<i64> = (0..40).collect();
+        let past = FeatureMap {
+            targets: vec![0],
+            covariates: vec![1],
+            future: vec![],
+            norm_window: 6,
+            patch: 2,
+            scale: true,
+            calendar: None,
+            cycle_period: 0,
+            horizon: 3,
+            series_code: false,
+            series: vec![0],
+            n_series: 1,
+        };
+        let ahead = FeatureMap { future: vec![1], ..past.clone() };
+        assert_eq!((past.n_feat(), ahead.n_feat()), (3, 6));
+        let (a, b) = (
+            past.build::<f64>(&rows, &clock, &[4], 20, 1, 1, Truth::Values),
+            ahead.build::<f64>(&rows, &clock, &[4], 20, 1, 1, Truth::Values),
+        );
+        let mut st = RollingStats::new(6);
+        for p in 0..20 {
+            let r = 4 + p;
+            let (mean, sd) = st.push(rows[r][1]);
+            let (x, y) = (&a.inputs[p * 3..p * 3 + 3], &b.inputs[p * 6..p * 6 + 6]);
+            assert_eq!(x, &y[..3], "row {p}: the inputs without the values ahead");
+            for k in 0..3 {
+                let want = (rows[r + 1 + k][1] - mean) / sd;
+                assert!((y[3 + k] - want).abs() < 1e-12, "row {p}, step {k}: {} vs {want}", y[3 + k]);
+            }
+        }
+        assert_eq!(a.truth, b.truth);
+    }
+
     /// Histories holding some of the targets (a panel's windows) give, each, what the map of
     /// those targets alone gives, every series keeping its own code and cycle rows; and a series
     /// read alone from rows of its value equals it read from the whole rows.
@@ -657,6 +724,7 @@ mod tests {
         let map = FeatureMap {
             targets: vec![0, 1, 2],
             covariates: vec![],
+            future: vec![],
             norm_window: 8,
             patch: 4,
             scale: true,

@@ -82,6 +82,11 @@ pub struct ForecastSpec {
     /// mixing at the input), not only the covariates.
     #[serde(default)]
     pub mix: bool,
+    /// Covariates known ahead (a subset of the features that are not targets): at each row the
+    /// model also reads their values at the `H` rows it forecasts. `predict` and `stream` must
+    /// then be given those values for the rows after the last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub future: Vec<String>,
     /// Trained on a panel in long format: the features and targets are its series' ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub panel: Option<PanelSpec>,
@@ -164,6 +169,7 @@ impl ForecasterConfig {
                 series_embedding: true,
                 dropout: 0.0,
                 mix: false,
+                future: Vec::new(),
                 panel: None,
             },
             backbone: default_backbone(),
@@ -197,7 +203,8 @@ impl ForecasterConfig {
                 return Err(invalid("calendar", format!("{c:?}"), "needs a positive interval and periods of 2 to 2^20 rows"));
             }
         }
-        let (inputs, width) = (s.patch + 2 * s.features.len() + 64, self.backbone.d_model.max(s.horizon));
+        let inputs = (s.patch + 2 * s.features.len() + 64).saturating_add(s.future.len().saturating_mul(s.horizon));
+        let width = self.backbone.d_model.max(s.horizon);
         if inputs.saturating_mul(width) > 1 << 30 || s.targets.len().saturating_mul(s.cycle) > 1 << 30 {
             return Err(ModelError::Config(ConfigError::TooLarge {
                 name: "head weights",
@@ -214,7 +221,15 @@ impl ForecasterConfig {
         if s.targets.is_empty() {
             return Err(invalid("targets", String::new(), "at least one column is predicted"));
         }
-        for (list, name) in [(&s.features, "features"), (&s.targets, "targets")] {
+        for f in &s.future {
+            if s.targets.contains(f) || !s.features.contains(f) {
+                return Err(invalid("future", f.clone(), "a future covariate is one of the features and not a target"));
+            }
+        }
+        if !s.future.is_empty() && s.panel.is_some() {
+            return Err(invalid("future", s.future.join(","), "a panel's series read no covariates"));
+        }
+        for (list, name) in [(&s.features, "features"), (&s.targets, "targets"), (&s.future, "future")] {
             if let Some((_, c)) = list.iter().enumerate().find(|(i, c)| list[..*i].contains(c)) {
                 return Err(invalid(name, c.clone(), "each column may appear only once"));
             }
@@ -284,6 +299,7 @@ fn map_of(s: &ForecastSpec, targets: &[usize], covariates: &[usize]) -> FeatureM
     FeatureMap {
         targets: targets.to_vec(),
         covariates: covariates.to_vec(),
+        future: s.future.iter().filter_map(|f| s.features.iter().position(|x| x == f)).collect(),
         norm_window: s.norm_window,
         patch: s.patch,
         scale: s.scale,
@@ -543,11 +559,68 @@ impl<B: Backend> Forecaster<B> {
     /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the
     /// scaled units of the data: what [`ForecastStream`](crate::ForecastStream) gives after
     /// the same rows. `clock` holds each row's calendar clock (ignored without a calendar).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when the model reads future covariates: use
+    /// [`forecast_history_ahead`](Self::forecast_history_ahead).
     pub fn forecast_history(&self, rows: &[Vec<f64>], clock: &[i64], device: &B::Device) -> Result<Vec<f64>, ModelError> {
-        let hb = self.feature_map().build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values);
-        let y = mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?);
-        Ok(series_major_to_rows(&y, self.target_idx.len(), self.spec.horizon))
+        self.forecast_history_ahead(rows, &[], clock, device)
     }
+
+    /// [`forecast_history`](Self::forecast_history) for a model that reads future covariates
+    /// ([`ForecastSpec::future`]): `ahead` holds the `H` rows after the history (more are
+    /// ignored), where only the future columns are read (the others may be NaN). What
+    /// [`ForecastStream::push_ahead`](crate::ForecastStream::push_ahead) gives after the same
+    /// rows.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when the model reads future covariates and `ahead` holds fewer
+    /// than `H` rows, or one of their future values is not finite.
+    pub fn forecast_history_ahead(
+        &self,
+        rows: &[Vec<f64>],
+        ahead: &[Vec<f64>],
+        clock: &[i64],
+        device: &B::Device,
+    ) -> Result<Vec<f64>, ModelError> {
+        let map = self.feature_map();
+        let h = self.spec.horizon;
+        check_ahead(&map, &self.spec.future, ahead)?;
+        let hb = if map.future.is_empty() {
+            map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values)
+        } else {
+            let all: Vec<Vec<f64>> = rows.iter().chain(&ahead[..h]).cloned().collect();
+            map.build::<B::FloatElem>(&all, clock, &[0], rows.len(), 1, 1, Truth::Values)
+        };
+        let y = mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(h, device))?);
+        Ok(series_major_to_rows(&y, self.target_idx.len(), h))
+    }
+}
+
+/// Whether `ahead` gives what a forecast of `map` needs after its last row: the `H` rows ahead
+/// with a finite value in each future column (named `names`), when it reads future covariates.
+pub(crate) fn check_ahead(map: &FeatureMap, names: &[String], ahead: &[Vec<f64>]) -> Result<(), ModelError> {
+    if map.future.is_empty() {
+        return Ok(());
+    }
+    let h = map.horizon;
+    if ahead.len() < h {
+        return Err(ModelError::Input {
+            why: format!(
+                "the model reads the future covariates ({}) at the {h} rows it forecasts; {} rows ahead were given",
+                names.join(", "),
+                ahead.len()
+            ),
+        });
+    }
+    for (k, row) in ahead[..h].iter().enumerate() {
+        for (&j, name) in map.future.iter().zip(names) {
+            if !row.get(j).is_some_and(|v| v.is_finite()) {
+                return Err(ModelError::Input { why: format!("row {} ahead has no value of the future covariate `{name}`", k + 1) });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `[T, H]` (one forecast per series) to `[H, T]` (one row per forecast step).
@@ -575,6 +648,7 @@ mod tests {
             series_embedding: true,
             dropout: 0.0,
             mix: false,
+            future: vec![],
             panel: None,
         }
     }

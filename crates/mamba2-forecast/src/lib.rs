@@ -31,7 +31,7 @@
 //! let calendar = spec.calendar.as_ref().expect("trained with a date column");
 //!
 //! // The rows as they arrive, in the file's units; the model's columns picked by name.
-//! let choice = ColumnChoice { date_column: None, columns: Some(spec.features.clone()) };
+//! let choice = ColumnChoice { date_column: None, columns: Some(spec.features.clone()), open_end: Vec::new() };
 //! let table = Table::from_path(format!("{dir}/tiny.csv").as_ref(), &choice).unwrap();
 //! let mut stream = ForecastStream::<f64>::new(model);
 //! let mut forecast = Vec::new();

@@ -41,6 +41,8 @@ struct Weights<T: HostFloat> {
     map: FeatureMap,
     names: HashMap<String, usize>,
     panel: bool,
+    /// The future covariates' names, for errors.
+    future: Vec<String>,
 }
 
 /// A trained [`Forecaster`] on the host, advanced one row at a time: the rolling statistics,
@@ -65,7 +67,14 @@ pub struct ForecastStream<T: HostFloat> {
     /// Rows pushed, and the clock of the last.
     rows: u64,
     last_clock: Option<i64>,
+    /// Rows announced ahead ([`ForecastStream::announce`]) by clock, in order: the values of
+    /// the future covariates for rows after the last pushed.
+    announced: std::collections::VecDeque<(i64, Vec<f64>)>,
 }
+
+/// Rows a stream keeps announced ahead, beyond its horizon: a feed that announces without
+/// pushing is stopped before it holds unbounded memory.
+const ANNOUNCED_SLACK: usize = 4096;
 
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
     mamba2_tensor::compare::to_f64_vec(t)
@@ -113,6 +122,7 @@ impl<T: HostFloat> ForecastStream<T> {
             fingerprint: fingerprint::<B, T>(model),
             names: model.spec().targets.iter().enumerate().map(|(t, n)| (n.clone(), t)).collect(),
             panel: model.spec().panel.is_some(),
+            future: model.spec().future.clone(),
             map: map.clone(),
         };
         let positions = (0..map.targets.len()).collect();
@@ -164,6 +174,7 @@ impl<T: HostFloat> ForecastStream<T> {
             positions,
             rows: 0,
             last_clock: None,
+            announced: std::collections::VecDeque::new(),
             weights,
         }
     }
@@ -200,6 +211,7 @@ impl<T: HostFloat> ForecastStream<T> {
             + self.refs.capacity() * std::mem::size_of::<RowRef>()
             + (self.u.capacity() + self.hidden.capacity()) * t
             + self.recent.iter().map(|r| r.capacity() * 8).sum::<usize>()
+            + self.announced.iter().map(|(_, r)| r.capacity() * 8 + 16).sum::<usize>()
     }
 
     /// Appends this series' state to `out`: every value the next forecasts depend on, bit for
@@ -216,6 +228,14 @@ impl<T: HostFloat> ForecastStream<T> {
         }
         for recent in &self.recent {
             put_f64s(out, recent.iter().copied());
+        }
+        // Only a model with future covariates keeps rows ahead: other states keep their format.
+        if !self.encoder.map().future.is_empty() {
+            put_u64(out, self.announced.len() as u64);
+            for (clock, row) in &self.announced {
+                put_u64(out, *clock as u64);
+                put_f64s(out, row.iter().copied());
+            }
         }
     }
 
@@ -261,6 +281,21 @@ impl<T: HostFloat> ForecastStream<T> {
         for recent in &mut next.recent {
             *recent = r.f64s_up_to(keep, "the recent values")?;
         }
+        if !next.encoder.map().future.is_empty() {
+            let n = r.u64("the rows ahead")?;
+            if n > (next.weights.horizon + ANNOUNCED_SLACK) as u64 {
+                return Err(format!("{n} rows ahead, at most {}", next.weights.horizon + ANNOUNCED_SLACK));
+            }
+            let width = self.row_width();
+            for _ in 0..n {
+                let clock = r.u64("a row ahead's clock")? as i64;
+                let row = r.f64s_exact(width, "a row ahead")?;
+                if next.announced.back().is_some_and(|(c, _)| *c >= clock) {
+                    return Err("the rows ahead are not in the order of their clocks".into());
+                }
+                next.announced.push_back((clock, row));
+            }
+        }
         *self = next;
         Ok(())
     }
@@ -293,13 +328,97 @@ impl<T: HostFloat> ForecastStream<T> {
     /// scaled units of the data.
     ///
     /// # Errors
-    /// [`ModelError::State`] when `row` does not hold every input column.
+    /// [`ModelError::State`] when `row` does not hold every input column;
+    /// [`ModelError::Input`] when the model reads future covariates and fewer than `H` rows
+    /// were [announced](Self::announce) after `clock`.
     pub fn push(&mut self, row: &[f64], clock: i64) -> Result<Vec<f64>, ModelError> {
-        let want = self.encoder.map().targets.iter().chain(&self.encoder.map().covariates).max().map_or(0, |&m| m + 1);
+        if self.encoder.map().future.is_empty() {
+            return self.push_ahead(row, &[], clock);
+        }
+        // The rows ahead of this one are those announced after its clock.
+        while self.announced.front().is_some_and(|(c, _)| *c <= clock) {
+            self.announced.pop_front();
+        }
+        let h = self.weights.horizon;
+        if self.announced.len() < h {
+            return Err(ModelError::Input {
+                why: format!(
+                    "the model reads the future covariates ({}) at the {h} rows after this one; {} rows ahead of it were announced \
+                     (send each row's known values, its targets empty, before the row it follows)",
+                    self.weights.future.join(", "),
+                    self.announced.len()
+                ),
+            });
+        }
+        let ahead: Vec<Vec<f64>> = self.announced.iter().take(h).map(|(_, r)| r.clone()).collect();
+        self.push_ahead(row, &ahead, clock)
+    }
+
+    /// Values a row holds: every input column of the model, by position.
+    fn row_width(&self) -> usize {
+        let map = self.encoder.map();
+        map.targets.iter().chain(&map.covariates).max().map_or(0, |&m| m + 1)
+    }
+
+    /// Announces a row ahead at clock `clock`, for a model that reads future covariates: its
+    /// future columns hold the values known in advance (the others are not read, and may be
+    /// NaN). [`push`](Self::push) of a row reads the `H` rows announced after its clock, as
+    /// [`push_ahead`](Self::push_ahead) reads them given. A row announced again at the same
+    /// clock replaces the earlier one (a revised forecast of a load, say). Returns `false`, with
+    /// nothing changed, for a row dated at or before the last pushed row (a feed replayed from
+    /// before a saved state).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when the model reads no future covariates, `row` lacks a future
+    /// value, or more than `H + 4096` rows are announced ahead; [`ModelError::State`] when
+    /// `row` does not hold every input column.
+    pub fn announce(&mut self, row: &[f64], clock: i64) -> Result<bool, ModelError> {
+        let map = self.encoder.map();
+        if map.future.is_empty() {
+            return Err(ModelError::Input { why: "a row ahead: the model reads no future covariates".into() });
+        }
+        let want = self.row_width();
         if row.len() < want {
             return Err(ModelError::State { why: format!("a row needs {want} values, got {}", row.len()) });
         }
-        self.encoder.push(row, clock, &mut self.inputs, &mut self.refs);
+        for (&j, name) in map.future.iter().zip(&self.weights.future) {
+            if !row[j].is_finite() {
+                return Err(ModelError::Input { why: format!("a row ahead without a value of the future covariate `{name}`") });
+            }
+        }
+        if self.last_clock.is_some_and(|last| clock <= last) {
+            return Ok(false);
+        }
+        let at = self.announced.partition_point(|(c, _)| *c < clock);
+        match self.announced.get_mut(at) {
+            Some((c, r)) if *c == clock => *r = row[..want].to_vec(),
+            _ => {
+                let most = self.weights.horizon + ANNOUNCED_SLACK;
+                if self.announced.len() >= most {
+                    return Err(ModelError::Input { why: format!("{most} rows announced ahead of the last row, at most {most}") });
+                }
+                self.announced.insert(at, (clock, row[..want].to_vec()));
+            }
+        }
+        Ok(true)
+    }
+
+    /// [`push`](Self::push) for a model that reads future covariates
+    /// ([`ForecastSpec::future`](crate::ForecastSpec::future)): `ahead` holds the `H` rows after
+    /// this one, of which only the future columns are read. What
+    /// [`Forecaster::forecast_history_ahead`] gives after the same rows.
+    ///
+    /// # Errors
+    /// As [`push`](Self::push), and [`ModelError::Input`] when `ahead` lacks a future value
+    /// the model reads.
+    pub fn push_ahead(&mut self, row: &[f64], ahead: &[Vec<f64>], clock: i64) -> Result<Vec<f64>, ModelError> {
+        let map = self.encoder.map();
+        let want = map.targets.iter().chain(&map.covariates).max().map_or(0, |&m| m + 1);
+        if row.len() < want || ahead.iter().take(map.horizon).any(|r| r.len() < want) {
+            return Err(ModelError::State { why: format!("a row needs {want} values, got {}", row.len()) });
+        }
+        crate::forecaster::check_ahead(map, &self.weights.future, ahead)?;
+        self.encoder.push(row, ahead, clock, &mut self.inputs, &mut self.refs);
         self.rows += 1;
         self.last_clock = Some(clock);
         let w = &*self.weights;

@@ -27,6 +27,12 @@ pub enum ModelError {
         /// The sequence's length.
         len: usize,
     },
+    /// The rows given lack what the model reads (values known ahead, say).
+    #[error("{why}")]
+    Input {
+        /// What is missing, in a sentence.
+        why: String,
+    },
     /// A state was made for another batch size or config.
     #[error("state does not fit: {why}")]
     State {

@@ -111,9 +111,14 @@ struct TrainArgs {
     /// date column; the same date borders split every series
     #[arg(long)]
     id_column: Option<String>,
-    /// Predicted columns, comma separated (default: all input columns).
+    /// Predicted columns, comma separated (default: all input columns but --future-columns).
     #[arg(long, value_delimiter = ',')]
     targets: Option<Vec<String>>,
+    /// Covariates known in advance, comma separated (a load forecast, a calendar of events):
+    /// at each row the model also reads their values at the H rows it forecasts, so predict
+    /// and stream must be given them for the rows after the last (rows ahead, targets empty)
+    #[arg(long, value_delimiter = ',')]
+    future_columns: Option<Vec<String>>,
     /// Train and validation fractions, e.g. `0.7,0.1` (default: the ETTh1 borders for ETTh1, else 0.7,0.1).
     #[arg(long, value_delimiter = ',')]
     split: Option<Vec<f64>>,
@@ -309,7 +314,7 @@ struct StreamArgs {
 }
 
 fn load_table(d: &DataArgs, columns: Option<Vec<String>>) -> Result<(Table, bool)> {
-    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: columns.or_else(|| d.columns.clone()) };
+    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: columns.or_else(|| d.columns.clone()), open_end: Vec::new() };
     Ok(match &d.data {
         Some(p) => (Table::from_path(p, &choice)?, false),
         None => (Table::from_csv_str(ETTH1, ETTH1_NAME, &choice)?, true),
@@ -407,9 +412,14 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
     check_cost_bps(a.cost_bps)?;
+    if let (Some(id), Some(_)) = (&a.id_column, &a.future_columns) {
+        bail!(
+            "--future-columns with --id-column {id}: the series of a long-format panel read no covariates yet (each id one value \
+             column); give a wide table with a column per series and per covariate"
+        );
+    }
     let (table, is_etth1, panel) = load_training_table(&a)?;
-    let features = table.columns.clone();
-    let targets = a.targets.clone().unwrap_or_else(|| features.clone());
+    let targets = train_targets(&a, &table)?;
     let target_idx = table.indices(&targets)?;
     let split = match (&a.borders, &a.split) {
         (Some(b), _) if b.len() != 3 => bail!("--borders takes three row numbers train_end,val_end,test_end, got {b:?}"),
@@ -488,7 +498,7 @@ fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)
     if a.mix {
         bail!("--mix with --id-column: each series would read every other series at every date, and a panel's series are missing where they have no row");
     }
-    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone() };
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone(), open_end: Vec::new() };
     let (mut table, value_column) = mamba2_data::panel::read_long(path, id, &choice)?;
     // `--targets` picks ids: the others are left out, since a series reads no other.
     if let Some(ids) = &a.targets {
@@ -499,9 +509,26 @@ fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)
     Ok((table, false, Some(PanelSpec { id_column: id.clone(), value_column })))
 }
 
+/// The predicted columns: `--targets`, else every column but the future covariates (which are
+/// known, not forecast); checks `--future-columns`.
+fn train_targets(a: &TrainArgs, table: &Table) -> Result<Vec<String>> {
+    let future = a.future_columns.clone().unwrap_or_default();
+    if let Some(unknown) = future.iter().find(|f| !table.columns.contains(f)) {
+        bail!("--future-columns {unknown}: no such column (columns: {})", table.columns.join(", "));
+    }
+    let targets = a.targets.clone().unwrap_or_else(|| table.columns.iter().filter(|c| !future.contains(c)).cloned().collect());
+    if let Some(both) = future.iter().find(|f| targets.contains(f)) {
+        bail!("--future-columns {both}: the column is also a target; a future covariate is known ahead, not forecast");
+    }
+    if targets.is_empty() {
+        bail!("--future-columns {}: every column is a future covariate; name the forecast ones with --targets", future.join(","));
+    }
+    Ok(targets)
+}
+
 /// The model and training settings the flags ask for on `table`, and each row's calendar clock.
 fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
-    let targets = a.targets.clone().unwrap_or_else(|| table.columns.clone());
+    let targets = train_targets(a, table)?;
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(table, calendar.as_ref());
     let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, table.columns.clone(), targets, calendar);
@@ -521,6 +548,7 @@ fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(
     spec.mix = a.mix;
     spec.dropout = a.dropout;
     spec.panel = panel;
+    spec.future = a.future_columns.clone().unwrap_or_default();
     config.validate()?;
     let tc = TrainConfig {
         epochs: a.epochs,
@@ -841,7 +869,18 @@ impl RunInfo {
             ),
             (
                 "task".into(),
-                format!("L {}, H {}: {} predicted series, each a sequence of its own; {} covariates", s.lookback, s.horizon, s.targets.len(), s.features.len() - s.targets.len() + if s.mix { s.targets.len() } else { 0 }),
+                format!(
+                    "L {}, H {}: {} predicted series, each a sequence of its own; {} covariates{}",
+                    s.lookback,
+                    s.horizon,
+                    s.targets.len(),
+                    s.features.len() - s.targets.len() + if s.mix { s.targets.len() } else { 0 },
+                    if s.future.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({} known ahead: {})", s.future.len(), s.future.join(", "))
+                    }
+                ),
             ),
             (
                 "model".into(),
@@ -1133,7 +1172,33 @@ fn clock_of(table: &Table, calendar: Option<&Calendar>) -> Vec<i64> {
 /// The rows of `--data` (or the embedded data) in the model's feature columns, scaled as in
 /// training, and their calendar clock.
 fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Vec<Vec<f64>>, Vec<i64>)> {
+    let (mut rows, mut clock, ahead) = scaled_rows_ahead(d, spec, scaler)?;
+    rows.truncate(rows.len() - ahead);
+    clock.truncate(rows.len());
+    if rows.is_empty() {
+        bail!("{}: every row is a row ahead (its targets empty): there is no history", data_name(d));
+    }
+    Ok((rows, clock))
+}
+
+/// The name of `--data` (or the embedded data) in messages.
+fn data_name(d: &DataArgs) -> String {
+    d.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string())
+}
+
+/// [`scaled_rows`] with the rows ahead that a model reading future covariates needs: the file's
+/// last rows whose other columns are all empty (NaN here); returns how many there are (0 for
+/// another model, whose rows have no empty cell).
+fn scaled_rows_ahead(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Vec<Vec<f64>>, Vec<i64>, usize)> {
     let table = match &spec.panel {
+        None if !spec.future.is_empty() => {
+            let open_end = spec.features.iter().filter(|f| !spec.future.contains(f)).cloned().collect();
+            let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(spec.features.clone()), open_end };
+            match &d.data {
+                Some(p) => Table::from_path(p, &choice)?,
+                None => Table::from_csv_str(ETTH1, ETTH1_NAME, &choice)?,
+            }
+        }
         None => load_table(d, Some(spec.features.clone()))?.0,
         Some(p) => read_panel(d, spec, p)?,
     };
@@ -1142,8 +1207,11 @@ fn scaled_rows(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Ve
     }
     let idx = table.indices(&spec.features)?;
     let rows: Vec<Vec<f64>> = table.rows.iter().map(|r| idx.iter().map(|&j| r[j]).collect()).collect();
-    let source = d.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
-    Ok((scaler.transform(&rows, &spec.features).with_context(|| source)?, clock_of(&table, spec.calendar.as_ref())))
+    // Rows ahead are NaN in every column but the future ones (and in none without them).
+    let first = spec.features.iter().position(|f| !spec.future.contains(f)).unwrap_or(0);
+    let ahead = if spec.future.is_empty() { 0 } else { rows.iter().rev().take_while(|r| r[first].is_nan()).count() };
+    let rows = scaler.transform(&rows, &spec.features).with_context(|| data_name(d))?;
+    Ok((rows, clock_of(&table, spec.calendar.as_ref()), ahead))
 }
 
 /// `--data` in long format as the panel model `spec` was trained on (its id and value columns),
@@ -1152,7 +1220,7 @@ fn read_panel(d: &DataArgs, spec: &ForecastSpec, p: &PanelSpec) -> Result<Table>
     let Some(path) = &d.data else {
         bail!("the model was trained on a long-format panel (ids in column `{}`); give such a file with --data", p.id_column);
     };
-    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(vec![p.value_column.clone()]) };
+    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(vec![p.value_column.clone()]), open_end: Vec::new() };
     let (table, _) = mamba2_data::panel::read_long(path, &p.id_column, &choice)?;
     let missing: Vec<&str> = spec.features.iter().filter(|id| !table.columns.contains(id)).map(String::as_str).collect();
     if let Some(first) = missing.first() {
@@ -1180,6 +1248,9 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
         );
     }
     with_model!(a.backend, &a.checkpoint, I, (model, scaler, spec, calibration, device), {
+        if a.continuous_from.is_some() && spec.panel.is_some() {
+            bail!("--continuous-from streams one table from its first row; a panel's series start and stop at their own dates");
+        }
         let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
         let targets = model.target_indices();
         let w = Windows::new(&rows, (0, rows.len()), spec.lookback, spec.horizon, 1)?;
@@ -1198,9 +1269,6 @@ fn cmd_eval(a: UseArgs) -> Result<()> {
             None => println!("no quantiles: the checkpoint holds no calibration (written before quantiles existed)"),
         }
         if let Some(from) = a.continuous_from {
-            if spec.panel.is_some() {
-                bail!("--continuous-from streams one table from its first row; a panel's series start and stop at their own dates");
-            }
             let (cm, ca) =
                 mamba2_train::evaluate_continuous(&model, &rows, &clock, (from.saturating_sub(spec.lookback), rows.len()), &device)?;
             println!("streamed from row 0, forecasts after rows {}..: mamba2 MSE {cm:.6} MAE {ca:.6}", from.saturating_sub(1));
@@ -1271,7 +1339,10 @@ fn predict_ids<B: burn::prelude::Backend>(
     device: &B::Device,
 ) -> Result<()> {
     let path = a.data.data.as_ref().context("--id-column reads a long-format --data file")?;
-    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(spec.features.clone()) };
+    if !spec.future.is_empty() {
+        bail!("predict --id-column {id_column}: the model reads future covariates, whose rows ahead predict takes from a wide file only; stream --id-column takes them per id");
+    }
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(spec.features.clone()), open_end: Vec::new() };
     let (table, ids) = Table::from_path_with_ids(path, id_column, &choice)?;
     if spec.calendar.is_some() && table.times.is_none() {
         bail!("the model reads calendar cycles from a date column; this data has none that reads as dates");
@@ -1338,7 +1409,8 @@ fn predict_panel<B: burn::prelude::Backend>(
         .data
         .as_ref()
         .with_context(|| format!("the model was trained on a panel (ids in column `{id_column}`); give such a file with --data"))?;
-    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(vec![p.value_column.clone()]) };
+    let choice =
+        ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(vec![p.value_column.clone()]), open_end: Vec::new() };
     let (table, _) = mamba2_data::panel::read_long(path, id_column, &choice)?;
     let clock = clock_of(&table, spec.calendar.as_ref());
     let mut ids: Vec<usize> = (0..table.columns.len()).collect();
@@ -1385,8 +1457,22 @@ fn cmd_predict(a: UseArgs) -> Result<()> {
         if let Some(id) = &a.id {
             bail!("--id {id} picks one series of a long-format file: name its id column with --id-column");
         }
-        let (rows, clock) = scaled_rows(&a.data, &spec, &scaler)?;
-        let pred = model.forecast_history(&rows, &clock, &device)?;
+        let (mut rows, clock, n_ahead) = scaled_rows_ahead(&a.data, &spec, &scaler)?;
+        let ahead = rows.split_off(rows.len() - n_ahead);
+        if rows.is_empty() {
+            bail!("{}: every row is a row ahead (its targets empty): there is no history", data_name(&a.data));
+        }
+        let h = spec.horizon;
+        if !spec.future.is_empty() && n_ahead < h {
+            bail!(
+                "{}: the model reads the future covariates ({}) at the {h} rows it forecasts; the file ends with {n_ahead} rows ahead \
+                 (rows after the history with the future columns filled and the others empty), {} short",
+                data_name(&a.data),
+                spec.future.join(", "),
+                h - n_ahead
+            );
+        }
+        let pred = model.forecast_history_ahead(&rows, &ahead, &clock, &device)?;
         // The quantiles after the last row (the table has at least one), scaled by each
         // target's last values.
         let quantiles = calibration.as_ref().map(|c| c.model.quantiles_after(&rows, rows.len() - 1, model.target_indices(), &pred));
@@ -1490,6 +1576,9 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         None => a.id_column.clone(),
     };
     let columns = panel.map_or_else(|| spec.features.clone(), |p| vec![p.value_column.clone()]);
+    // With future covariates, a row whose other columns are all empty is a row ahead.
+    let open_end: Vec<String> =
+        if spec.future.is_empty() { Vec::new() } else { spec.features.iter().filter(|f| !spec.future.contains(f)).cloned().collect() };
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
@@ -1533,7 +1622,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             &line,
             i + 2,
             "stdin",
-            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(columns.clone()) },
+            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(columns.clone()), open_end: open_end.clone() },
         )?;
         let mut bank = bank.lock().expect("not poisoned");
         let clock = match (&spec.calendar, &table.times) {
@@ -1541,6 +1630,9 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             (Some(_), None) => bail!("{at}: the model reads the calendar from a date column; this row has none that reads as a date"),
             // The model reads no calendar: the clock only orders a series' rows.
             (None, Some(t)) => t[0],
+            (None, None) if !spec.future.is_empty() => {
+                bail!("{at}: the model reads future covariates, and its rows ahead are matched to the rows they precede by date: give a date column")
+            }
             (None, None) => bank.stream(&id).map_or(0, |s| s.rows() as i64) + 1,
         };
         // The feature columns the row's values are, for scaling and back.
@@ -1560,6 +1652,13 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
                 Scaler { mean: vec![scaler.mean[own[0]]], std: vec![scaler.std[own[0]]] }.transform_row(&table.rows[0], &columns, &at)?
             }
         };
+        // A row ahead (its targets empty) gives the future covariates' values of a later row.
+        if !open_end.is_empty() && row[model.target_indices()[0]].is_nan() {
+            if !bank.announce(&id, &row, clock).with_context(|| at.clone())? {
+                skipped += 1;
+            }
+            continue;
+        }
         // With a state file, a feed restarted from before the saved rows skips them; without
         // one every row counts, as in `predict`.
         let pred = if a.state.is_some() { bank.push_new(&id, &row, clock) } else { bank.push(&id, &row, clock).map(Some) };

@@ -22,13 +22,36 @@ use crate::DataError;
 /// the file and the line (or Parquet row): a missing date column, another count of value
 /// columns, an id with two rows at one date.
 pub fn read_long(path: &Path, id_column: &str, choice: &ColumnChoice) -> Result<(Table, String), DataError> {
+    read_long_with(path, id_column, choice, &[])
+}
+
+/// [`read_long`] of a file whose rows also hold covariates of their id (`covariates`, a load
+/// forecast of each id, say): the table's columns are the ids (the series' values), then for
+/// each id in order its covariates, named [`covariate_column`]`(id, covariate)`. The value
+/// column is the one chosen column that is not a covariate.
+///
+/// With [`ColumnChoice::open_end`] naming the value column, an id's rows with an empty value are
+/// its rows ahead: they must be dated after its last value.
+pub fn read_long_with(path: &Path, id_column: &str, choice: &ColumnChoice, covariates: &[String]) -> Result<(Table, String), DataError> {
     let (table, ids) = Table::from_path_with_ids(path, id_column, choice)?;
-    let value = table.columns.first().cloned().unwrap_or_default();
-    Ok((pivot(table, &ids, &path.display().to_string())?, value))
+    let origin = path.display().to_string();
+    let values: Vec<&String> = table.columns.iter().filter(|c| !covariates.contains(c)).collect();
+    let value = values.first().map(|v| v.to_string()).unwrap_or_default();
+    Ok((pivot_with(table, &ids, &origin, covariates)?, value))
+}
+
+/// The name of id `id`'s covariate `covariate` among a pivoted panel's columns.
+pub fn covariate_column(id: &str, covariate: &str) -> String {
+    format!("{id}:{covariate}")
 }
 
 /// The pivot of [`read_long`], of a table already read with its ids.
 pub fn pivot(table: Table, ids: &[String], origin: &str) -> Result<Table, DataError> {
+    pivot_with(table, ids, origin, &[])
+}
+
+/// The pivot of [`read_long_with`], of a table already read with its ids.
+pub fn pivot_with(table: Table, ids: &[String], origin: &str, covariates: &[String]) -> Result<Table, DataError> {
     let err = |why: String| DataError::Data { origin: origin.to_string(), why };
     let Some(times) = table.times.as_ref() else {
         return Err(err(match &table.date_column {
@@ -36,13 +59,22 @@ pub fn pivot(table: Table, ids: &[String], origin: &str) -> Result<Table, DataEr
             None => "long format needs a date column (name it with --date-column): the series are aligned on it".into(),
         }));
     };
-    if table.columns.len() != 1 {
+    for c in covariates {
+        if !table.columns.contains(c) {
+            return Err(err(format!("no covariate column `{c}` (columns: {})", table.columns.join(", "))));
+        }
+    }
+    let values: Vec<&String> = table.columns.iter().filter(|c| !covariates.contains(c)).collect();
+    if values.len() != 1 {
+        let besides = if covariates.is_empty() { String::new() } else { format!(", the covariates ({})", covariates.join(", ")) };
         return Err(err(format!(
-            "long format reads one value column besides the id and the date, and this file has {} ({}); pick one with --columns",
-            table.columns.len(),
-            table.columns.join(", ")
+            "long format reads one value column besides the id{besides} and the date, and this file has {} ({}); pick one with --columns",
+            values.len(),
+            values.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
         )));
     }
+    let value_at = table.columns.iter().position(|c| c == values[0]).expect("found");
+    let cov_at: Vec<usize> = covariates.iter().map(|c| table.columns.iter().position(|x| x == c).expect("checked")).collect();
     let mut order: Vec<String> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for id in ids {
@@ -55,15 +87,44 @@ pub fn pivot(table: Table, ids: &[String], origin: &str) -> Result<Table, DataEr
     dates.sort_unstable();
     dates.dedup();
     let row_of: HashMap<i64, usize> = dates.iter().enumerate().map(|(r, &t)| (t, r)).collect();
-    let mut rows = vec![vec![f64::NAN; order.len()]; dates.len()];
+    let (n_ids, n_cov) = (order.len(), covariates.len());
+    let width = n_ids * (1 + n_cov);
+    let mut rows = vec![vec![f64::NAN; width]; dates.len()];
+    let mut seen = vec![false; dates.len() * n_ids];
+    // Per id: the date of its last value, and of its first row ahead (value empty).
+    let mut last_value: Vec<Option<i64>> = vec![None; n_ids];
+    let mut first_ahead: Vec<Option<i64>> = vec![None; n_ids];
     for (k, (id, (&t, row))) in ids.iter().zip(times.iter().zip(&table.rows)).enumerate() {
-        let cell = &mut rows[row_of[&t]][index[id.as_str()]];
-        if !cell.is_nan() {
+        let (r, c) = (row_of[&t], index[id.as_str()]);
+        if std::mem::replace(&mut seen[r * n_ids + c], true) {
             return Err(err(format!("data row {}: id `{id}` has a second row at the same date", k + 1)));
         }
-        *cell = row[0];
+        let v = row[value_at];
+        rows[r][c] = v;
+        for (i, &j) in cov_at.iter().enumerate() {
+            rows[r][n_ids + c * n_cov + i] = row[j];
+        }
+        let mark = if v.is_nan() { &mut first_ahead[c] } else { &mut last_value[c] };
+        *mark = Some(match *mark {
+            Some(m) if v.is_nan() => m.min(t),
+            Some(m) => m.max(t),
+            None => t,
+        });
     }
-    Ok(Table { columns: order, rows, times: Some(dates), date_column: table.date_column })
+    for (c, id) in order.iter().enumerate() {
+        if let (Some(ahead), Some(last)) = (first_ahead[c], last_value[c]) {
+            if ahead < last {
+                return Err(err(format!(
+                    "id `{id}` has a row ahead (its value empty) dated before its last value: an id's rows ahead come after its rows"
+                )));
+            }
+        }
+    }
+    let mut columns = order.clone();
+    for id in &order {
+        columns.extend(covariates.iter().map(|c| covariate_column(id, c)));
+    }
+    Ok(Table { columns, rows, times: Some(dates), date_column: table.date_column })
 }
 
 #[cfg(test)]

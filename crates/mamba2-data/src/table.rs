@@ -140,7 +140,9 @@ impl Table {
             ids.push(id);
             kept.push(Ok((n, cells)));
         }
-        Ok((Self::from_cells(header, kept.into_iter(), source, choice, names)?, ids))
+        // A long file's rows ahead come after each id's own rows, which the pivot checks: they
+        // may be interleaved with other ids' rows.
+        Ok((Self::from_cells_ahead(header, kept.into_iter(), source, choice, names, false)?, ids))
     }
 
     /// Reads the CSV file at `path` (see [`Table::from_path`], which also reads Parquet).
@@ -221,6 +223,19 @@ impl Table {
         choice: &ColumnChoice,
         names: RowNames,
     ) -> Result<Self, DataError> {
+        Self::from_cells_ahead(header, rows, source, choice, names, true)
+    }
+
+    /// [`from_cells`](Self::from_cells), where `ahead_last` says whether rows ahead
+    /// ([`ColumnChoice::open_end`]) must be the table's last rows.
+    fn from_cells_ahead(
+        header: Vec<String>,
+        rows: impl Iterator<Item = Result<(usize, Vec<Cell>), DataError>>,
+        source: &str,
+        choice: &ColumnChoice,
+        names: RowNames,
+        ahead_last: bool,
+    ) -> Result<Self, DataError> {
         let err = |why: String| DataError::Data { origin: source.to_string(), why };
         let at = |n: usize| match names {
             RowNames::Lines => format!("line {n}"),
@@ -285,7 +300,7 @@ impl Table {
             let is_ahead = !open.is_empty() && open.iter().all(|&j| empty(&cells[j]));
             match (is_ahead, ahead_from) {
                 (true, None) => ahead_from = Some(n),
-                (false, Some(first)) => {
+                (false, Some(first)) if ahead_last => {
                     return Err(err(format!(
                         "{}: a row with values after the rows ahead (the first at {}, with {} empty); the rows ahead come last",
                         at(n),

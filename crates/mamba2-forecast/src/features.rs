@@ -104,6 +104,10 @@ pub struct FeatureMap {
     /// statistics at the row, so that the direct map and the head see the inputs of the rows
     /// they forecast. A row's inputs then need the `horizon` rows after it.
     pub future: Vec<usize>,
+    /// Each target's own covariates (a panel's series each read their own id's columns), read
+    /// like `covariates` after them, and ahead where they are in `future`; every target has as
+    /// many, in the same order. Empty: none.
+    pub own: Vec<Vec<usize>>,
     /// Rows the rolling statistics cover.
     pub norm_window: usize,
     /// Values of the series' own past each row's input holds (itself and the `patch - 1` rows
@@ -193,6 +197,8 @@ pub struct RowEncoder {
     map: FeatureMap,
     targets: Vec<RollingStats>,
     covariates: Vec<RollingStats>,
+    /// Each target's own covariates' statistics ([`FeatureMap::own`]).
+    own: Vec<Vec<RollingStats>>,
     /// The last `patch` values of each series, newest first: the patch's own order, so that it
     /// is written by forward loops over the deque's two slices.
     recent: Vec<VecDeque<f64>>,
@@ -218,6 +224,7 @@ impl RowEncoder {
         Self {
             targets: map.targets.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
             covariates: map.covariates.iter().map(|_| RollingStats::new(map.norm_window)).collect(),
+            own: map.own.iter().map(|cols| cols.iter().map(|_| RollingStats::new(map.norm_window)).collect()).collect(),
             recent: map.targets.iter().map(|_| VecDeque::with_capacity(map.patch)).collect(),
             shared: Vec::with_capacity(map.n_feat()),
             phases: map
@@ -245,7 +252,7 @@ impl RowEncoder {
 
     /// Appends what the encoder has seen (its rolling statistics and patches) to `out`.
     pub(crate) fn save(&self, out: &mut Vec<u8>) {
-        for st in self.targets.iter().chain(&self.covariates) {
+        for st in self.targets.iter().chain(&self.covariates).chain(self.own.iter().flatten()) {
             st.save(out);
         }
         for recent in &self.recent {
@@ -255,7 +262,7 @@ impl RowEncoder {
 
     /// Reads what [`save`](Self::save) wrote for an encoder of the same map.
     pub(crate) fn restore(&mut self, r: &mut crate::codec::Reader) -> Result<(), String> {
-        for st in self.targets.iter_mut().chain(&mut self.covariates) {
+        for st in self.targets.iter_mut().chain(&mut self.covariates).chain(self.own.iter_mut().flatten()) {
             st.restore(r)?;
         }
         for recent in &mut self.recent {
@@ -266,7 +273,7 @@ impl RowEncoder {
 
     /// Bytes this holds on the heap (the map's few indices aside).
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.targets.iter().chain(&self.covariates).map(RollingStats::heap_bytes).sum::<usize>()
+        self.targets.iter().chain(&self.covariates).chain(self.own.iter().flatten()).map(RollingStats::heap_bytes).sum::<usize>()
             + self.recent.iter().map(|r| r.capacity() * 8).sum::<usize>()
             + self.shared.capacity() * 8
     }
@@ -345,9 +352,30 @@ impl RowEncoder {
             for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(shared.iter()) {
                 *o = MaybeUninit::new(E::from_elem(v));
             }
+            let mut at = m.patch + shared.len();
+            if let (Some(cols), Some(stats)) = (m.own.get(c), self.own.get_mut(c)) {
+                for (&j, st) in cols.iter().zip(stats.iter_mut()) {
+                    let (mean, sd) = st.push(row[j]);
+                    let sd = if m.scale { sd } else { 1.0 };
+                    out[at] = MaybeUninit::new(E::from_elem((row[j] - mean) / sd));
+                    at += 1;
+                    if m.future.contains(&j) {
+                        assert!(
+                            ahead.len() >= m.horizon,
+                            "push: a future covariate needs the {} rows ahead, got {}",
+                            m.horizon,
+                            ahead.len()
+                        );
+                        for (o, r) in out[at..at + m.horizon].iter_mut().zip(ahead) {
+                            *o = MaybeUninit::new(E::from_elem((r[j] - mean) / sd));
+                        }
+                        at += m.horizon;
+                    }
+                }
+            }
             // The code, when there is one, fills the row to its end; without one the patch and
-            // the shared inputs already do: every value of `out` is written.
-            let code = &mut out[m.patch + shared.len()..];
+            // the shared and own inputs already do: every value of `out` is written.
+            let code = &mut out[at..];
             assert!(m.series_code || code.is_empty(), "push: {} of a row's {f_n} inputs not written", code.len());
             let series = m.series[c];
             if m.series_code {
@@ -397,11 +425,17 @@ impl FeatureMap {
     /// Inputs per row.
     pub fn n_feat(&self) -> usize {
         let code = if self.series_code { self.n_series } else { 0 };
+        let width = |j: &usize| if self.future.contains(j) { 1 + self.horizon } else { 1 };
         self.patch
             + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len())
-            + self.covariates.len()
-            + self.future.len() * self.horizon
+            + self.covariates.iter().map(width).sum::<usize>()
+            + self.own.first().map_or(0, |cols| cols.iter().map(width).sum())
             + code
+    }
+
+    /// Values a row holds: every column this map reads, by position.
+    pub fn row_width(&self) -> usize {
+        self.targets.iter().chain(&self.covariates).chain(self.own.iter().flatten()).max().map_or(0, |&m| m + 1)
     }
 
     /// This map for the targets at positions `keep` alone, each still the series it is.
@@ -409,16 +443,18 @@ impl FeatureMap {
         FeatureMap {
             targets: keep.iter().map(|&t| self.targets[t]).collect(),
             series: keep.iter().map(|&t| self.series[t]).collect(),
+            own: if self.own.is_empty() { Vec::new() } else { keep.iter().map(|&t| self.own[t].clone()).collect() },
             ..self.clone()
         }
     }
 
     /// This map for the target at position `t` alone, read from rows that hold just its value
-    /// (column 0): a panel's series as its own stream or history.
+    /// (column 0) and then its own covariates (columns 1, 2 ...): a panel's series as its own
+    /// stream or history.
     ///
     /// # Errors
-    /// [`ModelError::State`] when there is no target `t`, or the map reads covariates, which
-    /// such rows lack.
+    /// [`ModelError::State`] when there is no target `t`, or the map reads shared covariates,
+    /// which such rows lack.
     pub fn alone(&self, t: usize) -> Result<FeatureMap, ModelError> {
         if t >= self.targets.len() {
             return Err(ModelError::State { why: format!("series {t} of a model of {} series", self.targets.len()) });
@@ -428,7 +464,14 @@ impl FeatureMap {
                 why: "a series alone: the model reads covariates, which rows of one series do not hold".into(),
             });
         }
-        Ok(FeatureMap { targets: vec![0], series: vec![self.series[t]], ..self.clone() })
+        let own = self.own.get(t).cloned().unwrap_or_default();
+        Ok(FeatureMap {
+            targets: vec![0],
+            series: vec![self.series[t]],
+            future: own.iter().enumerate().filter(|(_, j)| self.future.contains(j)).map(|(i, _)| i + 1).collect(),
+            own: if self.own.is_empty() { Vec::new() } else { vec![(1..=own.len()).collect()] },
+            ..self.clone()
+        })
     }
 
     /// The sequences of the histories `rows[s .. s + len]` for each start `s` (each history
@@ -620,6 +663,7 @@ mod tests {
             targets: vec![0],
             covariates: vec![1],
             future: vec![],
+            own: vec![],
             norm_window: 8,
             patch: 1,
             scale: true,
@@ -684,6 +728,7 @@ mod tests {
             targets: vec![0],
             covariates: vec![1],
             future: vec![],
+            own: vec![],
             norm_window: 6,
             patch: 2,
             scale: true,
@@ -725,6 +770,7 @@ mod tests {
             targets: vec![0, 1, 2],
             covariates: vec![],
             future: vec![],
+            own: vec![],
             norm_window: 8,
             patch: 4,
             scale: true,

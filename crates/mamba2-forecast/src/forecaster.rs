@@ -99,6 +99,11 @@ pub struct PanelSpec {
     pub id_column: String,
     /// The column of the series' values.
     pub value_column: String,
+    /// Columns of each row read as covariates of its id (each id's own, known ahead: they are
+    /// in [`ForecastSpec::future`] as [`covariate_column`](mamba2_data::panel::covariate_column)
+    /// of the id and the column). Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covariates: Vec<String>,
 }
 
 impl ForecastSpec {
@@ -226,8 +231,15 @@ impl ForecasterConfig {
                 return Err(invalid("future", f.clone(), "a future covariate is one of the features and not a target"));
             }
         }
-        if !s.future.is_empty() && s.panel.is_some() {
-            return Err(invalid("future", s.future.join(","), "a panel's series read no covariates"));
+        if let Some(p) = &s.panel {
+            for t in &s.targets {
+                for c in &p.covariates {
+                    let name = mamba2_data::panel::covariate_column(t, c);
+                    if !s.future.contains(&name) {
+                        return Err(invalid("future", name, "each covariate of a panel's ids is known ahead"));
+                    }
+                }
+            }
         }
         for (list, name) in [(&s.features, "features"), (&s.targets, "targets"), (&s.future, "future")] {
             if let Some((_, c)) = list.iter().enumerate().find(|(i, c)| list[..*i].contains(c)) {
@@ -251,7 +263,8 @@ impl ForecasterConfig {
     fn columns(&self) -> Result<(Vec<usize>, Vec<usize>, usize), ModelError> {
         let s = &self.spec;
         let target_idx = self.validate()?;
-        let covariate_idx = (0..s.features.len()).filter(|j| s.mix || !target_idx.contains(j)).collect::<Vec<_>>();
+        let own: Vec<usize> = own_columns(s, &target_idx).into_iter().flatten().collect();
+        let covariate_idx = (0..s.features.len()).filter(|j| (s.mix || !target_idx.contains(j)) && !own.contains(j)).collect::<Vec<_>>();
         let n_feat = map_of(s, &target_idx, &covariate_idx).n_feat();
         Ok((target_idx, covariate_idx, n_feat))
     }
@@ -295,8 +308,29 @@ fn zero_linear<B: Backend>(d_in: usize, d_out: usize, device: &B::Device) -> Lin
     Linear { weight: Param::from_tensor(Tensor::zeros([d_in, d_out], device)), bias: None }
 }
 
+/// Each target's own covariate columns: a panel's ids' columns ([`PanelSpec::covariates`]);
+/// empty for other models.
+fn own_columns(s: &ForecastSpec, targets: &[usize]) -> Vec<Vec<usize>> {
+    match &s.panel {
+        Some(p) if !p.covariates.is_empty() => targets
+            .iter()
+            .map(|&t| {
+                p.covariates
+                    .iter()
+                    .filter_map(|c| {
+                        let name = mamba2_data::panel::covariate_column(&s.features[t], c);
+                        s.features.iter().position(|f| *f == name)
+                    })
+                    .collect()
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn map_of(s: &ForecastSpec, targets: &[usize], covariates: &[usize]) -> FeatureMap {
     FeatureMap {
+        own: own_columns(s, targets),
         targets: targets.to_vec(),
         covariates: covariates.to_vec(),
         future: s.future.iter().filter_map(|f| s.features.iter().position(|x| x == f)).collect(),
@@ -551,9 +585,50 @@ impl<B: Backend> Forecaster<B> {
     /// [`ModelError::State`] when the model reads covariates (a series' rows would lack them)
     /// or `t` is not one of its targets.
     pub fn forecast_series(&self, rows: &[Vec<f64>], clock: &[i64], t: usize, device: &B::Device) -> Result<Vec<f64>, ModelError> {
-        let map = self.feature_map().alone(t)?;
-        let hb = map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values);
-        Ok(mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(self.spec.horizon, device))?))
+        self.forecast_series_ahead(rows, &[], clock, t, device)
+    }
+
+    /// [`forecast_series`](Self::forecast_series) for a panel whose ids have covariates known
+    /// ahead ([`PanelSpec::covariates`]): each row holds the series' value and then its
+    /// covariates, and `ahead` the `H` rows after the history (their values may be NaN). What
+    /// [`ForecastStream::of_series`](crate::ForecastStream::of_series) gives after the same rows,
+    /// announced ahead.
+    ///
+    /// # Errors
+    /// As [`forecast_series`](Self::forecast_series), and [`ModelError::Input`] when `ahead`
+    /// lacks a value the model reads.
+    pub fn forecast_series_ahead(
+        &self,
+        rows: &[Vec<f64>],
+        ahead: &[Vec<f64>],
+        clock: &[i64],
+        t: usize,
+        device: &B::Device,
+    ) -> Result<Vec<f64>, ModelError> {
+        let names = self.spec.panel.as_ref().map_or(&self.spec.future, |p| &p.covariates);
+        self.forecast_after(&self.feature_map().alone(t)?, names, rows, ahead, clock, device)
+    }
+
+    /// The forecast of `map`'s targets after the history `rows` (series-major, `[T, H]`),
+    /// reading the rows `ahead` where the map has future covariates (named `names`).
+    fn forecast_after(
+        &self,
+        map: &FeatureMap,
+        names: &[String],
+        rows: &[Vec<f64>],
+        ahead: &[Vec<f64>],
+        clock: &[i64],
+        device: &B::Device,
+    ) -> Result<Vec<f64>, ModelError> {
+        check_ahead(map, names, ahead)?;
+        let h = self.spec.horizon;
+        let hb = if map.future.is_empty() {
+            map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values)
+        } else {
+            let all: Vec<Vec<f64>> = rows.iter().chain(&ahead[..h]).cloned().collect();
+            map.build::<B::FloatElem>(&all, clock, &[0], rows.len(), 1, 1, Truth::Values)
+        };
+        Ok(mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(h, device))?))
     }
 
     /// The forecast after the last row of a history, `[horizon, n_targets]` row-major, in the
@@ -583,17 +658,8 @@ impl<B: Backend> Forecaster<B> {
         clock: &[i64],
         device: &B::Device,
     ) -> Result<Vec<f64>, ModelError> {
-        let map = self.feature_map();
-        let h = self.spec.horizon;
-        check_ahead(&map, &self.spec.future, ahead)?;
-        let hb = if map.future.is_empty() {
-            map.build::<B::FloatElem>(rows, clock, &[0], rows.len(), 1, 1, Truth::Values)
-        } else {
-            let all: Vec<Vec<f64>> = rows.iter().chain(&ahead[..h]).cloned().collect();
-            map.build::<B::FloatElem>(&all, clock, &[0], rows.len(), 1, 1, Truth::Values)
-        };
-        let y = mamba2_tensor::compare::to_f64_vec(self.forward(&hb.into_device(h, device))?);
-        Ok(series_major_to_rows(&y, self.target_idx.len(), h))
+        let y = self.forecast_after(&self.feature_map(), &self.spec.future, rows, ahead, clock, device)?;
+        Ok(series_major_to_rows(&y, self.target_idx.len(), self.spec.horizon))
     }
 }
 

@@ -122,7 +122,11 @@ impl<T: HostFloat> ForecastStream<T> {
             fingerprint: fingerprint::<B, T>(model),
             names: model.spec().targets.iter().enumerate().map(|(t, n)| (n.clone(), t)).collect(),
             panel: model.spec().panel.is_some(),
-            future: model.spec().future.clone(),
+            // A panel's series streams alone, its rows holding its own covariates by name.
+            future: match &model.spec().panel {
+                Some(p) => p.covariates.clone(),
+                None => model.spec().future.clone(),
+            },
             map: map.clone(),
         };
         let positions = (0..map.targets.len()).collect();
@@ -356,8 +360,7 @@ impl<T: HostFloat> ForecastStream<T> {
 
     /// Values a row holds: every input column of the model, by position.
     fn row_width(&self) -> usize {
-        let map = self.encoder.map();
-        map.targets.iter().chain(&map.covariates).max().map_or(0, |&m| m + 1)
+        self.encoder.map().row_width()
     }
 
     /// Announces a row ahead at clock `clock`, for a model that reads future covariates: its
@@ -413,7 +416,7 @@ impl<T: HostFloat> ForecastStream<T> {
     /// the model reads.
     pub fn push_ahead(&mut self, row: &[f64], ahead: &[Vec<f64>], clock: i64) -> Result<Vec<f64>, ModelError> {
         let map = self.encoder.map();
-        let want = map.targets.iter().chain(&map.covariates).max().map_or(0, |&m| m + 1);
+        let want = map.row_width();
         if row.len() < want || ahead.iter().take(map.horizon).any(|r| r.len() < want) {
             return Err(ModelError::State { why: format!("a row needs {want} values, got {}", row.len()) });
         }

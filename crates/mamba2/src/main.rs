@@ -412,14 +412,8 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
     check_cost_bps(a.cost_bps)?;
-    if let (Some(id), Some(_)) = (&a.id_column, &a.future_columns) {
-        bail!(
-            "--future-columns with --id-column {id}: the series of a long-format panel read no covariates yet (each id one value \
-             column); give a wide table with a column per series and per covariate"
-        );
-    }
     let (table, is_etth1, panel) = load_training_table(&a)?;
-    let targets = train_targets(&a, &table)?;
+    let targets = train_targets(&a, &table, panel.as_ref())?;
     let target_idx = table.indices(&targets)?;
     let split = match (&a.borders, &a.split) {
         (Some(b), _) if b.len() != 3 => bail!("--borders takes three row numbers train_end,val_end,test_end, got {b:?}"),
@@ -499,19 +493,31 @@ fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)
         bail!("--mix with --id-column: each series would read every other series at every date, and a panel's series are missing where they have no row");
     }
     let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone(), open_end: Vec::new() };
-    let (mut table, value_column) = mamba2_data::panel::read_long(path, id, &choice)?;
-    // `--targets` picks ids: the others are left out, since a series reads no other.
+    let covariates = a.future_columns.clone().unwrap_or_default();
+    let (mut table, value_column) = mamba2_data::panel::read_long_with(path, id, &choice, &covariates)?;
+    // `--targets` picks ids (and their covariates): the others are left out, since a series
+    // reads no other.
     if let Some(ids) = &a.targets {
+        let mut names = ids.clone();
+        for i in ids {
+            names.extend(covariates.iter().map(|c| mamba2_data::panel::covariate_column(i, c)));
+        }
         let keep = table.indices(ids).with_context(|| format!("--targets of a panel name its ids (column `{id}`)"))?;
+        let keep: Vec<usize> = keep.into_iter().chain(table.indices(&names[ids.len()..])?).collect();
         table.rows = table.rows.iter().map(|r| keep.iter().map(|&j| r[j]).collect()).collect();
-        table.columns = ids.clone();
+        table.columns = names;
     }
-    Ok((table, false, Some(PanelSpec { id_column: id.clone(), value_column })))
+    Ok((table, false, Some(PanelSpec { id_column: id.clone(), value_column, covariates })))
 }
 
 /// The predicted columns: `--targets`, else every column but the future covariates (which are
 /// known, not forecast); checks `--future-columns`.
-fn train_targets(a: &TrainArgs, table: &Table) -> Result<Vec<String>> {
+fn train_targets(a: &TrainArgs, table: &Table, panel: Option<&PanelSpec>) -> Result<Vec<String>> {
+    if let Some(p) = panel {
+        // The pivot's columns: the ids, then their covariates.
+        let n_ids = table.columns.len() / (1 + p.covariates.len());
+        return Ok(table.columns[..n_ids].to_vec());
+    }
     let future = a.future_columns.clone().unwrap_or_default();
     if let Some(unknown) = future.iter().find(|f| !table.columns.contains(f)) {
         bail!("--future-columns {unknown}: no such column (columns: {})", table.columns.join(", "));
@@ -528,7 +534,7 @@ fn train_targets(a: &TrainArgs, table: &Table) -> Result<Vec<String>> {
 
 /// The model and training settings the flags ask for on `table`, and each row's calendar clock.
 fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
-    let targets = train_targets(a, table)?;
+    let targets = train_targets(a, table, panel.as_ref())?;
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(table, calendar.as_ref());
     let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, table.columns.clone(), targets, calendar);
@@ -547,8 +553,12 @@ fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(
     spec.series_embedding = !a.no_series_embedding;
     spec.mix = a.mix;
     spec.dropout = a.dropout;
+    spec.future = match &panel {
+        // Every covariate of a panel's ids is known ahead: the pivot's columns after the ids.
+        Some(_) => table.columns[spec.targets.len()..].to_vec(),
+        None => a.future_columns.clone().unwrap_or_default(),
+    };
     spec.panel = panel;
-    spec.future = a.future_columns.clone().unwrap_or_default();
     config.validate()?;
     let tc = TrainConfig {
         epochs: a.epochs,
@@ -838,12 +848,20 @@ impl RunInfo {
         let data_line = match &s.panel {
             None => format!("{source}: {} rows, {} columns ({}); {calendar}", table.rows.len(), s.features.len(), s.features.join(", ")),
             Some(p) => {
-                let shown = s.features.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
-                let more = if s.features.len() > 8 { format!(" and {} more", s.features.len() - 8) } else { String::new() };
-                let missing = table.rows.iter().flatten().filter(|v| v.is_nan()).count();
+                let n = s.targets.len();
+                let shown = s.targets.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
+                let more = if n > 8 { format!(" and {} more", n - 8) } else { String::new() };
+                let missing = table.rows.iter().map(|r| r[..n].iter().filter(|v| v.is_nan()).count()).sum::<usize>();
+                let covariates = if p.covariates.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", each id with its own {} known ahead",
+                        p.covariates.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
+                    )
+                };
                 format!(
-                    "{source}: long format, {} series (ids in column `{}`: {shown}{more}), values `{}`, on {} dates ({missing} id-date pairs without a row); {calendar}",
-                    s.features.len(),
+                    "{source}: long format, {n} series (ids in column `{}`: {shown}{more}), values `{}`{covariates}, on {} dates ({missing} id-date pairs without a row); {calendar}",
                     p.id_column,
                     p.value_column,
                     table.rows.len()
@@ -869,18 +887,28 @@ impl RunInfo {
             ),
             (
                 "task".into(),
-                format!(
-                    "L {}, H {}: {} predicted series, each a sequence of its own; {} covariates{}",
-                    s.lookback,
-                    s.horizon,
-                    s.targets.len(),
-                    s.features.len() - s.targets.len() + if s.mix { s.targets.len() } else { 0 },
-                    if s.future.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({} known ahead: {})", s.future.len(), s.future.join(", "))
-                    }
-                ),
+                match s.panel.as_ref().filter(|p| !p.covariates.is_empty()) {
+                    Some(p) => format!(
+                        "L {}, H {}: {} predicted series, each a sequence of its own reading its own id's {} covariates, known ahead ({})",
+                        s.lookback,
+                        s.horizon,
+                        s.targets.len(),
+                        p.covariates.len(),
+                        p.covariates.join(", ")
+                    ),
+                    None => format!(
+                        "L {}, H {}: {} predicted series, each a sequence of its own; {} covariates{}",
+                        s.lookback,
+                        s.horizon,
+                        s.targets.len(),
+                        s.features.len() - s.targets.len() + if s.mix { s.targets.len() } else { 0 },
+                        if s.future.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({} known ahead: {})", s.future.len(), s.future.join(", "))
+                        }
+                    ),
+                },
             ),
             (
                 "model".into(),
@@ -1220,8 +1248,9 @@ fn read_panel(d: &DataArgs, spec: &ForecastSpec, p: &PanelSpec) -> Result<Table>
     let Some(path) = &d.data else {
         bail!("the model was trained on a long-format panel (ids in column `{}`); give such a file with --data", p.id_column);
     };
-    let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(vec![p.value_column.clone()]), open_end: Vec::new() };
-    let (table, _) = mamba2_data::panel::read_long(path, &p.id_column, &choice)?;
+    // Scored rows hold every value: no rows ahead here.
+    let choice = ColumnChoice { open_end: Vec::new(), ..panel_choice(p, d.date_column.clone()) };
+    let (table, _) = mamba2_data::panel::read_long_with(path, &p.id_column, &choice, &p.covariates)?;
     let missing: Vec<&str> = spec.features.iter().filter(|id| !table.columns.contains(id)).map(String::as_str).collect();
     if let Some(first) = missing.first() {
         bail!(
@@ -1394,6 +1423,24 @@ fn panel_id_column<'a>(given: Option<&str>, p: &'a PanelSpec) -> Result<&'a str>
 
 /// `predict` with a model trained on a panel: each id of the long-format file forecast after its
 /// own last row, from the dates it has rows for (what `stream` gives after the same rows).
+/// The columns a long-format panel model reads: its value column and its ids' covariates, the
+/// value left empty in rows ahead when there are covariates.
+fn panel_choice(p: &PanelSpec, date_column: Option<String>) -> ColumnChoice {
+    let columns = std::iter::once(p.value_column.clone()).chain(p.covariates.iter().cloned()).collect();
+    let open_end = if p.covariates.is_empty() { Vec::new() } else { vec![p.value_column.clone()] };
+    ColumnChoice { date_column, columns: Some(columns), open_end }
+}
+
+/// The scaler of series `t` of a panel model alone (its value, then its covariates) and the
+/// names of those columns.
+fn series_scaler(scaler: &Scaler, spec: &ForecastSpec, p: &PanelSpec, t: usize) -> (Scaler, Vec<String>) {
+    let id = &spec.targets[t];
+    let names: Vec<String> =
+        std::iter::once(id.clone()).chain(p.covariates.iter().map(|c| mamba2_data::panel::covariate_column(id, c))).collect();
+    let cols: Vec<usize> = names.iter().map(|n| spec.features.iter().position(|f| f == n).expect("the spec was validated")).collect();
+    (Scaler { mean: cols.iter().map(|&j| scaler.mean[j]).collect(), std: cols.iter().map(|&j| scaler.std[j]).collect() }, names)
+}
+
 fn predict_panel<B: burn::prelude::Backend>(
     a: &UseArgs,
     p: &PanelSpec,
@@ -1409,16 +1456,14 @@ fn predict_panel<B: burn::prelude::Backend>(
         .data
         .as_ref()
         .with_context(|| format!("the model was trained on a panel (ids in column `{id_column}`); give such a file with --data"))?;
-    let choice =
-        ColumnChoice { date_column: a.data.date_column.clone(), columns: Some(vec![p.value_column.clone()]), open_end: Vec::new() };
-    let (table, _) = mamba2_data::panel::read_long(path, id_column, &choice)?;
+    let (table, _) = mamba2_data::panel::read_long_with(path, id_column, &panel_choice(p, a.data.date_column.clone()), &p.covariates)?;
     let clock = clock_of(&table, spec.calendar.as_ref());
-    let mut ids: Vec<usize> = (0..table.columns.len()).collect();
+    let n_ids = table.columns.len() / (1 + p.covariates.len());
+    let mut ids: Vec<usize> = (0..n_ids).collect();
     if let Some(one) = &a.id {
-        let k = table.columns.iter().position(|c| c == one);
-        ids = vec![k.with_context(|| {
-            format!("--id {one}: no row of {} has this id in column `{id_column}` ({} ids)", path.display(), table.columns.len())
-        })?];
+        let k = table.columns[..n_ids].iter().position(|c| c == one);
+        ids =
+            vec![k.with_context(|| format!("--id {one}: no row of {} has this id in column `{id_column}` ({n_ids} ids)", path.display()))?];
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(out, "id,step,{}", forecast_header(std::slice::from_ref(&p.value_column), calibration))?;
@@ -1427,14 +1472,34 @@ fn predict_panel<B: burn::prelude::Backend>(
         let t = spec.targets.iter().position(|s| s == id).with_context(|| {
             format!("{}: id `{id}` is not one of the {} series the model was trained on", path.display(), spec.targets.len())
         })?;
-        let own = Scaler { mean: vec![scaler.mean[t]], std: vec![scaler.std[t]] };
+        let (own, names) = series_scaler(scaler, spec, p, t);
+        // The id's columns in the pivot: its value, then its covariates.
+        let cols: Vec<usize> = std::iter::once(k).chain((0..p.covariates.len()).map(|i| n_ids + k * p.covariates.len() + i)).collect();
         let dates: Vec<usize> = (0..table.rows.len()).filter(|&r| !table.rows[r][k].is_nan()).collect();
-        let rows = dates
-            .iter()
-            .map(|&r| own.transform_row(&[table.rows[r][k]], std::slice::from_ref(id), &format!("{}, id {id}", path.display())))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Its rows ahead: dated after its last value, with its covariates (the pivot checked).
+        let ahead_dates: Vec<usize> = match dates.last() {
+            Some(&last) if !p.covariates.is_empty() => (last + 1..table.rows.len()).filter(|&r| !table.rows[r][cols[1]].is_nan()).collect(),
+            _ => Vec::new(),
+        };
+        let at = format!("{}, id {id}", path.display());
+        let scaled = |rs: &[usize]| {
+            rs.iter()
+                .map(|&r| own.transform_row(&cols.iter().map(|&j| table.rows[r][j]).collect::<Vec<_>>(), &names, &at))
+                .collect::<std::result::Result<Vec<_>, _>>()
+        };
+        let (rows, ahead) = (scaled(&dates)?, scaled(&ahead_dates)?);
+        let h = spec.horizon;
+        if !p.covariates.is_empty() && ahead.len() < h {
+            bail!(
+                "{at}: the model reads the id's covariates known ahead ({}) at the {h} rows it forecasts; the id has {} rows ahead \
+                 (rows dated after its last value, with the value empty and the covariates filled), {} short",
+                p.covariates.join(", "),
+                ahead.len(),
+                h - ahead.len()
+            );
+        }
         let clock: Vec<i64> = dates.iter().map(|&r| clock[r]).collect();
-        let pred = model.forecast_series(&rows, &clock, t, device)?;
+        let pred = model.forecast_series_ahead(&rows, &ahead, &clock, t, device)?;
         let quantiles = calibration.map(|c| {
             let mut recent = Vec::new();
             c.model.recent_in(&rows, rows.len() - 1, 0, &mut recent);
@@ -1575,10 +1640,14 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         Some(p) => Some(panel_id_column(a.id_column.as_deref(), p)?.to_string()),
         None => a.id_column.clone(),
     };
-    let columns = panel.map_or_else(|| spec.features.clone(), |p| vec![p.value_column.clone()]);
     // With future covariates, a row whose other columns are all empty is a row ahead.
-    let open_end: Vec<String> =
-        if spec.future.is_empty() { Vec::new() } else { spec.features.iter().filter(|f| !spec.future.contains(f)).cloned().collect() };
+    let choice = match panel {
+        Some(p) => panel_choice(p, a.date_column.clone()),
+        None => {
+            let open_end = spec.features.iter().filter(|f| !spec.future.is_empty() && !spec.future.contains(f)).cloned().collect();
+            ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()), open_end }
+        }
+    };
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let header = lines.next().context("stdin: no header row")??;
@@ -1598,7 +1667,11 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     // as it is made, without one write per printed line.
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let id_head = if id_at.is_some() { "id," } else { "" };
-    writeln!(out, "{id_head}row,step,{}", forecast_header(if panel.is_some() { &columns } else { &spec.targets }, calibration))?;
+    let names = match panel {
+        Some(p) => std::slice::from_ref(&p.value_column),
+        None => &spec.targets[..],
+    };
+    writeln!(out, "{id_head}row,step,{}", forecast_header(names, calibration))?;
     let (mut since_save, mut skipped) = (0u64, 0u64);
     for (i, line) in lines.enumerate() {
         let line = line?;
@@ -1617,13 +1690,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
             }
             None => String::new(),
         };
-        let table = Table::from_header_and_row(
-            &header,
-            &line,
-            i + 2,
-            "stdin",
-            &ColumnChoice { date_column: a.date_column.clone(), columns: Some(columns.clone()), open_end: open_end.clone() },
-        )?;
+        let table = Table::from_header_and_row(&header, &line, i + 2, "stdin", &choice)?;
         let mut bank = bank.lock().expect("not poisoned");
         let clock = match (&spec.calendar, &table.times) {
             (Some(cal), Some(t)) => cal.clock(t[0]),
@@ -1648,12 +1715,14 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
         };
         let row = match panel {
             None => scaler.transform_row(&table.rows[0], &spec.features, &at)?,
-            Some(_) => {
-                Scaler { mean: vec![scaler.mean[own[0]]], std: vec![scaler.std[own[0]]] }.transform_row(&table.rows[0], &columns, &at)?
+            Some(p) => {
+                let (own, names) = series_scaler(scaler, spec, p, own[0]);
+                own.transform_row(&table.rows[0], &names, &at)?
             }
         };
         // A row ahead (its targets empty) gives the future covariates' values of a later row.
-        if !open_end.is_empty() && row[model.target_indices()[0]].is_nan() {
+        let value_at = if panel.is_some() { 0 } else { model.target_indices()[0] };
+        if !choice.open_end.is_empty() && row[value_at].is_nan() {
             if !bank.announce(&id, &row, clock).with_context(|| at.clone())? {
                 skipped += 1;
             }

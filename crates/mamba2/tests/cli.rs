@@ -1797,7 +1797,6 @@ fn a_future_covariate_is_read_at_the_rows_forecast_and_streams_as_predict() {
         (vec!["train", "--data", d, "--future-columns", "zz"], "--future-columns zz: no such column (columns: x, y)"),
         (vec!["train", "--data", d, "--future-columns", "x", "--targets", "x,y"], "--future-columns x: the column is also a target"),
         (vec!["train", "--data", d, "--future-columns", "x,y"], "--future-columns x,y: every column is a future covariate"),
-        (vec!["train", "--data", d, "--future-columns", "x", "--id-column", "id"], "--future-columns with --id-column id"),
         (vec!["predict", "--checkpoint", c, "--data", short.to_str().unwrap()], "the file ends with 1 rows ahead"),
         (vec!["predict", "--checkpoint", c, "--data", late.to_str().unwrap()], "a row with values after the rows ahead"),
         (vec!["predict", "--checkpoint", c, "--data", d], "the file ends with 0 rows ahead"),
@@ -1820,4 +1819,130 @@ fn a_future_covariate_is_read_at_the_rows_forecast_and_streams_as_predict() {
     let o = stream_lines(&dir.join("nocal/best.ckpt"), &undated, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.code() == Some(1) && err.contains("give a date column"), "{err}");
+}
+
+/// `dates` hourly dates of a long-format panel `id,date,y,x`: three ids (`c` from date 200 on),
+/// each with its own unforeseeable input `x` that its `y` follows at the same hour.
+fn future_panel(dates: usize) -> Vec<(String, String, f64, f64)> {
+    let mut state = 11u64;
+    let mut uniform = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let mut x = [0.0; 3];
+    let mut rows = Vec::new();
+    for t in 0..dates {
+        for (k, id) in ["a", "b", "c"].into_iter().enumerate() {
+            if id == "c" && t < 200 {
+                continue;
+            }
+            x[k] = 0.6 * x[k] + uniform() * 2.0;
+            let y = (1.0 + 0.5 * k as f64) * x[k]
+                + 0.5 * (std::f64::consts::TAU * (t + 5 * k) as f64 / 24.0).sin()
+                + 0.05 * uniform()
+                + k as f64;
+            rows.push((id.to_string(), crate::common::stamp(1_577_836_800 + 3600 * t as i64), y, x[k]));
+        }
+    }
+    rows
+}
+
+/// A long-format panel whose ids each have their own input known ahead: with `--future-columns`
+/// each series reads its own id's values ahead, and the test MSE is below half of the same
+/// panel without them; `stream` with each id's rows announced ahead = `predict` of a file ending
+/// in each id's rows ahead (f64, 1e-9); an id short of rows ahead is a one-line error.
+#[test]
+fn a_panel_whose_ids_have_their_own_inputs_known_ahead() {
+    let dir = scratch("panel-future");
+    let rows = future_panel(1200);
+    let line = |r: &(String, String, f64, f64)| format!("{},{},{},{}", r.0, r.1, r.2, r.3);
+    let ahead = |r: &(String, String, f64, f64)| format!("{},{},,{}", r.0, r.1, r.3);
+    let csv = dir.join("panel.csv");
+    std::fs::write(&csv, format!("id,date,y,x\n{}\n", rows.iter().map(line).collect::<Vec<_>>().join("\n"))).unwrap();
+    let settings: Vec<&str> =
+        ["--epochs", "8", "--batch-size", "16", "--seed", "1", "--no-repeat-check", "--id-column", "id"].into_iter().chain(TINY).collect();
+    let train = |name: &str, extra: &[&str]| {
+        let o = run(bin()
+            .args(["train", "--data", csv.to_str().unwrap(), "--out", dir.join(name).to_str().unwrap()])
+            .args(&settings)
+            .args(extra));
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let out = train("future", &["--future-columns", "x"]);
+    assert!(out.contains("3 series (ids in column `id`: a, b, c), values `y`, each id with its own `x` known ahead"), "{out}");
+    train("past", &["--columns", "y"]);
+    let mse = |name: &str| summary(&dir.join(name))["test"]["mse"].as_f64().unwrap();
+    let (with, without) = (mse("future"), mse("past"));
+    println!("panel test MSE with each id's x ahead {with:.4}, without x {without:.4}");
+    assert!(with < 0.5 * without, "test MSE with x ahead {with}, without {without}");
+
+    // Stream the first 300 dates, each id's row announced 3 rows (H) before the row itself.
+    let ckpt = dir.join("future/best.ckpt");
+    let h = 3;
+    let by_id = |id: &str| rows.iter().filter(|r| r.0 == id).collect::<Vec<_>>();
+    let ids = ["a", "b", "c"];
+    let own: Vec<Vec<&(String, String, f64, f64)>> = ids.iter().map(|i| by_id(i)).collect();
+    let pushed = [300, 300, 100];
+    let mut feed = vec!["id,date,y,x".to_string()];
+    for rows_of in &own {
+        feed.extend(rows_of[1..=h].iter().map(|r| ahead(r)));
+    }
+    for n in 0..300 {
+        for k in 0..3 {
+            if n < pushed[k] {
+                feed.push(line(own[k][n]));
+                feed.push(ahead(own[k][n + 1 + h]));
+            }
+        }
+    }
+    let o = stream_lines(&ckpt, &feed, &["--id-column", "id"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(text.starts_with("id,row,step,y,y_q10,y_q50,y_q90\n"), "{text}");
+    // Predict from a file of the same rows, each id's next 3 rows ahead after them.
+    let mut file: Vec<String> = Vec::new();
+    for k in 0..3 {
+        file.extend(own[k][..pushed[k]].iter().map(|r| line(r)));
+        file.extend(own[k][pushed[k]..pushed[k] + h].iter().map(|r| ahead(r)));
+    }
+    let pf = dir.join("predict.csv");
+    std::fs::write(&pf, format!("id,date,y,x\n{}\n", file.join("\n"))).unwrap();
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", pf.to_str().unwrap(), "--dtype", "f64"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let predicted = String::from_utf8_lossy(&o.stdout).to_string();
+    let mut compared = 0;
+    for p in predicted.lines().skip(1) {
+        let cells: Vec<&str> = p.split(',').collect();
+        let k = ids.iter().position(|i| *i == cells[0]).unwrap();
+        let prefix = format!("{},{},{},", cells[0], pushed[k], cells[1]);
+        let s = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no streamed line {prefix}"));
+        for (a, b) in cells[2..].iter().zip(s.split(',').skip(3)) {
+            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{p}: predict {a}, stream {b}");
+        }
+        compared += 1;
+    }
+    assert_eq!(compared, 3 * h);
+    // An id with too few rows ahead.
+    let short = dir.join("short.csv");
+    std::fs::write(&short, format!("id,date,y,x\n{}\n", file[..file.len() - 1].join("\n"))).unwrap();
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", short.to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("id c: the model reads the id's covariates known ahead (x) at the 3 rows it forecasts; the id has 2 rows ahead"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A row ahead of id `a` (its value empty) dated before its last value.
+    let mut early = file.clone();
+    early[5] = ahead(own[0][5]);
+    let bad = dir.join("early.csv");
+    std::fs::write(&bad, format!("id,date,y,x\n{}\n", early.join("\n"))).unwrap();
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", bad.to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("id `a` has a row ahead (its value empty) dated before its last value"), "{err}");
+    assert!(o.stdout.is_empty() && err.trim().lines().count() == 1, "{err}");
 }

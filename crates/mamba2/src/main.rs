@@ -710,6 +710,12 @@ fn train_one(
         );
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "mamba2", mse, mae);
         println!("  {:<14} MSE {:.4}  MAE {:.4}", "Repeat", rmse, rmae);
+        // The seasonal naive forecast of the validation baselines, on the same test windows.
+        let seasonal =
+            summary.val_seasonal.map(|(p, _, _)| (p, mamba2_data::seasonal_table(&test, &data.targets, p, 32).total().mse_mae()));
+        if let Some((p, (m, e))) = seasonal {
+            println!("  {:<14} MSE {m:.4}  MAE {e:.4}", format!("seasonal {p}"));
+        }
         println!("test against Repeat, per forecast step:");
         figures::print(&errors, &repeat, &trades, "in the data's units, summed over the targets");
         if let Some(q) = &quantiles {
@@ -747,6 +753,9 @@ fn train_one(
         summary_json["test_windows"] = (test.len() / 32 * 32).into();
         let (overall, per_step) = figures::json(&errors, &repeat, &trades);
         summary_json["test"] = overall;
+        if let Some((p, (m, e))) = seasonal {
+            summary_json["test_seasonal"] = serde_json::json!({"period": p, "mse": m, "mae": e});
+        }
         summary_json["test_per_step"] = per_step;
         summary_json["cost_bps"] = a.cost_bps.into();
         summary_json["test_per_column"] = units.into();

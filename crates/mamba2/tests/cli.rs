@@ -1875,6 +1875,10 @@ fn a_panel_whose_ids_have_their_own_inputs_known_ahead() {
     let mse = |name: &str| summary(&dir.join(name))["test"]["mse"].as_f64().unwrap();
     let (with, without) = (mse("future"), mse("past"));
     println!("panel test MSE with each id's x ahead {with:.4}, without x {without:.4}");
+    // The seasonal naive forecast on the same test windows, recorded beside Repeat.
+    let seasonal = &summary(&dir.join("future"))["test_seasonal"];
+    assert_eq!(seasonal["period"], 24, "{seasonal}");
+    assert!(seasonal["mse"].as_f64().unwrap() > 2.0 * with, "{seasonal}");
     assert!(with < 0.5 * without, "test MSE with x ahead {with}, without {without}");
 
     // Stream the first 300 dates, each id's row announced 3 rows (H) before the row itself.

@@ -1699,6 +1699,21 @@ fn ahead_line(line: &str) -> String {
     format!("{},{},", cells[0], cells[1])
 }
 
+/// Trains the tiny model on `csv` for 8 epochs (seed 1, as trained: no Repeat check) with
+/// `common` and each call's flags into `dir/<name>`; returns what the run printed.
+fn trainer<'a>(dir: &'a Path, csv: &'a Path, common: &'a [&'a str]) -> impl Fn(&str, &[&str]) -> String + 'a {
+    move |name: &str, extra: &[&str]| {
+        let o = run(bin()
+            .args(["train", "--data", csv.to_str().unwrap(), "--out", dir.join(name).to_str().unwrap()])
+            .args(["--epochs", "8", "--batch-size", "16", "--seed", "1", "--no-repeat-check"])
+            .args(TINY)
+            .args(common)
+            .args(extra));
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    }
+}
+
 fn stream_lines(ckpt: &Path, lines: &[String], extra: &[&str]) -> Output {
     let mut child = bin()
         .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"])
@@ -1725,15 +1740,7 @@ fn a_future_covariate_is_read_at_the_rows_forecast_and_streams_as_predict() {
     let lines = future_csv(1500);
     let csv = dir.join("data.csv");
     std::fs::write(&csv, lines.join("\n") + "\n").unwrap();
-    let settings: Vec<&str> = ["--epochs", "8", "--batch-size", "16", "--seed", "1", "--no-repeat-check"].into_iter().chain(TINY).collect();
-    let train = |name: &str, extra: &[&str]| {
-        let o = run(bin()
-            .args(["train", "--data", csv.to_str().unwrap(), "--out", dir.join(name).to_str().unwrap()])
-            .args(&settings)
-            .args(extra));
-        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
+    let train = trainer(&dir, &csv, &[]);
     let out = train("future", &["--future-columns", "x"]);
     assert!(out.contains("1 predicted series") && out.contains("1 covariates (1 known ahead: x)"), "{out}");
     train("past", &["--targets", "y"]);
@@ -1859,16 +1866,7 @@ fn a_panel_whose_ids_have_their_own_inputs_known_ahead() {
     let ahead = |r: &(String, String, f64, f64)| format!("{},{},,{}", r.0, r.1, r.3);
     let csv = dir.join("panel.csv");
     std::fs::write(&csv, format!("id,date,y,x\n{}\n", rows.iter().map(line).collect::<Vec<_>>().join("\n"))).unwrap();
-    let settings: Vec<&str> =
-        ["--epochs", "8", "--batch-size", "16", "--seed", "1", "--no-repeat-check", "--id-column", "id"].into_iter().chain(TINY).collect();
-    let train = |name: &str, extra: &[&str]| {
-        let o = run(bin()
-            .args(["train", "--data", csv.to_str().unwrap(), "--out", dir.join(name).to_str().unwrap()])
-            .args(&settings)
-            .args(extra));
-        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
+    let train = trainer(&dir, &csv, &["--id-column", "id"]);
     let out = train("future", &["--future-columns", "x"]);
     assert!(out.contains("3 series (ids in column `id`: a, b, c), values `y`, each id with its own `x` known ahead"), "{out}");
     train("past", &["--columns", "y"]);

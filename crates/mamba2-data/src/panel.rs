@@ -68,7 +68,7 @@ pub fn pivot_with(table: Table, ids: &[String], origin: &str, covariates: &[Stri
     if values.len() != 1 {
         let besides = if covariates.is_empty() { String::new() } else { format!(", the covariates ({})", covariates.join(", ")) };
         return Err(err(format!(
-            "long format reads one value column besides the id{besides} and the date, and this file has {} ({}); pick one with --columns",
+            "long format reads one value column besides the id{besides} and the date, and this file has {} ({}); pick it with --columns (the value column first, then covariates of each id)",
             values.len(),
             values.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
         )));

@@ -99,14 +99,25 @@ pub struct PanelSpec {
     pub id_column: String,
     /// The column of the series' values.
     pub value_column: String,
-    /// Columns of each row read as covariates of its id (each id's own, known ahead: they are
-    /// in [`ForecastSpec::future`] as [`covariate_column`](mamba2_data::panel::covariate_column)
-    /// of the id and the column). Empty: none.
+    /// Columns of each row read as covariates of its id (each id's own, named among the
+    /// features [`covariate_column`](mamba2_data::panel::covariate_column) of the id and the
+    /// column; those known ahead are in [`ForecastSpec::future`] by that name). Empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covariates: Vec<String>,
 }
 
 impl ForecastSpec {
+    /// The names of the future covariates as a series alone reads them (its rows hold its value
+    /// and then its covariates): a panel's covariates known ahead, or [`future`](Self::future).
+    pub fn series_future(&self) -> Vec<String> {
+        match (&self.panel, self.targets.first()) {
+            (Some(p), Some(t)) => {
+                p.covariates.iter().filter(|c| self.future.contains(&mamba2_data::panel::covariate_column(t, c))).cloned().collect()
+            }
+            _ => self.future.clone(),
+        }
+    }
+
     /// The learned cycle's length in rows, 0 when there is none.
     pub fn cycle_period(&self) -> usize {
         if self.calendar.is_some() {
@@ -232,11 +243,13 @@ impl ForecasterConfig {
             }
         }
         if let Some(p) = &s.panel {
+            // Every id reads the same covariates, each known ahead for all ids or for none.
             for t in &s.targets {
                 for c in &p.covariates {
                     let name = mamba2_data::panel::covariate_column(t, c);
-                    if !s.future.contains(&name) {
-                        return Err(invalid("future", name, "each covariate of a panel's ids is known ahead"));
+                    let first = mamba2_data::panel::covariate_column(&s.targets[0], c);
+                    if !s.features.contains(&name) || s.future.contains(&name) != s.future.contains(&first) {
+                        return Err(invalid("panel", name, "each id of a panel reads each covariate, known ahead for all ids or none"));
                     }
                 }
             }
@@ -605,8 +618,7 @@ impl<B: Backend> Forecaster<B> {
         t: usize,
         device: &B::Device,
     ) -> Result<Vec<f64>, ModelError> {
-        let names = self.spec.panel.as_ref().map_or(&self.spec.future, |p| &p.covariates);
-        self.forecast_after(&self.feature_map().alone(t)?, names, rows, ahead, clock, device)
+        self.forecast_after(&self.feature_map().alone(t)?, &self.spec.series_future(), rows, ahead, clock, device)
     }
 
     /// The forecast of `map`'s targets after the history `rows` (series-major, `[T, H]`),

@@ -123,10 +123,7 @@ impl<T: HostFloat> ForecastStream<T> {
             names: model.spec().targets.iter().enumerate().map(|(t, n)| (n.clone(), t)).collect(),
             panel: model.spec().panel.is_some(),
             // A panel's series streams alone, its rows holding its own covariates by name.
-            future: match &model.spec().panel {
-                Some(p) => p.covariates.clone(),
-                None => model.spec().future.clone(),
-            },
+            future: model.spec().series_future(),
             map: map.clone(),
         };
         let positions = (0..map.targets.len()).collect();

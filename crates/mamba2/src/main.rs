@@ -492,8 +492,16 @@ fn load_training_table(a: &TrainArgs) -> Result<(Table, bool, Option<PanelSpec>)
     if a.mix {
         bail!("--mix with --id-column: each series would read every other series at every date, and a panel's series are missing where they have no row");
     }
-    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns: a.data.columns.clone(), open_end: Vec::new() };
-    let covariates = a.future_columns.clone().unwrap_or_default();
+    // `--columns value,a,b`: the value column, then covariates of each id (known ahead where
+    // they are in --future-columns, which join them).
+    let future = a.future_columns.clone().unwrap_or_default();
+    let mut covariates: Vec<String> = a.data.columns.iter().flat_map(|c| c.iter().skip(1)).cloned().collect();
+    covariates.extend(future.iter().filter(|f| !covariates.contains(f)).cloned().collect::<Vec<_>>());
+    let columns = a.data.columns.as_ref().map(|c| c[..1].iter().chain(&covariates).cloned().collect::<Vec<_>>());
+    if let Some(v) = a.data.columns.as_ref().and_then(|c| c.first()).filter(|v| future.contains(v)) {
+        bail!("--future-columns {v}: the column is the panel's value column (the first of --columns); a future covariate is known ahead, not forecast");
+    }
+    let choice = ColumnChoice { date_column: a.data.date_column.clone(), columns, open_end: Vec::new() };
     let (mut table, value_column) = mamba2_data::panel::read_long_with(path, id, &choice, &covariates)?;
     // `--targets` picks ids (and their covariates): the others are left out, since a series
     // reads no other.
@@ -553,10 +561,15 @@ fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(
     spec.series_embedding = !a.no_series_embedding;
     spec.mix = a.mix;
     spec.dropout = a.dropout;
+    let future = a.future_columns.clone().unwrap_or_default();
     spec.future = match &panel {
-        // Every covariate of a panel's ids is known ahead: the pivot's columns after the ids.
-        Some(_) => table.columns[spec.targets.len()..].to_vec(),
-        None => a.future_columns.clone().unwrap_or_default(),
+        // A panel's ids' covariates known ahead, by their columns in the pivot.
+        Some(p) => spec
+            .targets
+            .iter()
+            .flat_map(|t| p.covariates.iter().filter(|c| future.contains(c)).map(|c| mamba2_data::panel::covariate_column(t, c)))
+            .collect(),
+        None => future,
     };
     spec.panel = panel;
     config.validate()?;
@@ -861,13 +874,14 @@ impl RunInfo {
                 let shown = s.targets.iter().take(8).cloned().collect::<Vec<_>>().join(", ");
                 let more = if n > 8 { format!(" and {} more", n - 8) } else { String::new() };
                 let missing = table.rows.iter().map(|r| r[..n].iter().filter(|v| v.is_nan()).count()).sum::<usize>();
-                let covariates = if p.covariates.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", each id with its own {} known ahead",
-                        p.covariates.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
-                    )
+                let future = s.series_future();
+                let quoted = |cs: Vec<&String>| cs.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ");
+                let (ahead, past): (Vec<&String>, Vec<&String>) = p.covariates.iter().partition(|c| future.contains(c));
+                let covariates = match (past.is_empty(), ahead.is_empty()) {
+                    (true, true) => String::new(),
+                    (true, false) => format!(", each id with its own {} known ahead", quoted(ahead)),
+                    (false, true) => format!(", each id with its own {}", quoted(past)),
+                    (false, false) => format!(", each id with its own {} and {} known ahead", quoted(past), quoted(ahead)),
                 };
                 format!(
                     "{source}: long format, {n} series (ids in column `{}`: {shown}{more}), values `{}`{covariates}, on {} dates ({missing} id-date pairs without a row); {calendar}",
@@ -898,12 +912,13 @@ impl RunInfo {
                 "task".into(),
                 match s.panel.as_ref().filter(|p| !p.covariates.is_empty()) {
                     Some(p) => format!(
-                        "L {}, H {}: {} predicted series, each a sequence of its own reading its own id's {} covariates, known ahead ({})",
+                        "L {}, H {}: {} predicted series, each a sequence of its own reading its own id's {} covariates ({}; known ahead: {})",
                         s.lookback,
                         s.horizon,
                         s.targets.len(),
                         p.covariates.len(),
-                        p.covariates.join(", ")
+                        p.covariates.join(", "),
+                        if s.future.is_empty() { "none".to_string() } else { s.series_future().join(", ") }
                     ),
                     None => format!(
                         "L {}, H {}: {} predicted series, each a sequence of its own; {} covariates{}",
@@ -1258,7 +1273,7 @@ fn read_panel(d: &DataArgs, spec: &ForecastSpec, p: &PanelSpec) -> Result<Table>
         bail!("the model was trained on a long-format panel (ids in column `{}`); give such a file with --data", p.id_column);
     };
     // Scored rows hold every value: no rows ahead here.
-    let choice = ColumnChoice { open_end: Vec::new(), ..panel_choice(p, d.date_column.clone()) };
+    let choice = ColumnChoice { open_end: Vec::new(), ..panel_choice(p, spec, d.date_column.clone()) };
     let (table, _) = mamba2_data::panel::read_long_with(path, &p.id_column, &choice, &p.covariates)?;
     let missing: Vec<&str> = spec.features.iter().filter(|id| !table.columns.contains(id)).map(String::as_str).collect();
     if let Some(first) = missing.first() {
@@ -1434,9 +1449,15 @@ fn panel_id_column<'a>(given: Option<&str>, p: &'a PanelSpec) -> Result<&'a str>
 /// own last row, from the dates it has rows for (what `stream` gives after the same rows).
 /// The columns a long-format panel model reads: its value column and its ids' covariates, the
 /// value left empty in rows ahead when there are covariates.
-fn panel_choice(p: &PanelSpec, date_column: Option<String>) -> ColumnChoice {
+fn panel_choice(p: &PanelSpec, spec: &ForecastSpec, date_column: Option<String>) -> ColumnChoice {
     let columns = std::iter::once(p.value_column.clone()).chain(p.covariates.iter().cloned()).collect();
-    let open_end = if p.covariates.is_empty() { Vec::new() } else { vec![p.value_column.clone()] };
+    // A row ahead leaves the value and the covariates not known ahead empty.
+    let future = spec.series_future();
+    let open_end = if future.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::once(&p.value_column).chain(p.covariates.iter().filter(|c| !future.contains(c))).cloned().collect()
+    };
     ColumnChoice { date_column, columns: Some(columns), open_end }
 }
 
@@ -1465,7 +1486,8 @@ fn predict_panel<B: burn::prelude::Backend>(
         .data
         .as_ref()
         .with_context(|| format!("the model was trained on a panel (ids in column `{id_column}`); give such a file with --data"))?;
-    let (table, _) = mamba2_data::panel::read_long_with(path, id_column, &panel_choice(p, a.data.date_column.clone()), &p.covariates)?;
+    let (table, _) =
+        mamba2_data::panel::read_long_with(path, id_column, &panel_choice(p, spec, a.data.date_column.clone()), &p.covariates)?;
     let clock = clock_of(&table, spec.calendar.as_ref());
     let n_ids = table.columns.len() / (1 + p.covariates.len());
     let mut ids: Vec<usize> = (0..n_ids).collect();
@@ -1485,9 +1507,12 @@ fn predict_panel<B: burn::prelude::Backend>(
         // The id's columns in the pivot: its value, then its covariates.
         let cols: Vec<usize> = std::iter::once(k).chain((0..p.covariates.len()).map(|i| n_ids + k * p.covariates.len() + i)).collect();
         let dates: Vec<usize> = (0..table.rows.len()).filter(|&r| !table.rows[r][k].is_nan()).collect();
-        // Its rows ahead: dated after its last value, with its covariates (the pivot checked).
-        let ahead_dates: Vec<usize> = match dates.last() {
-            Some(&last) if !p.covariates.is_empty() => (last + 1..table.rows.len()).filter(|&r| !table.rows[r][cols[1]].is_nan()).collect(),
+        // Its rows ahead: dated after its last value, with its covariates known ahead (the
+        // pivot checked).
+        let future = spec.series_future();
+        let known = p.covariates.iter().position(|c| future.contains(c)).map(|i| cols[1 + i]);
+        let ahead_dates: Vec<usize> = match (dates.last(), known) {
+            (Some(&last), Some(j)) => (last + 1..table.rows.len()).filter(|&r| !table.rows[r][j].is_nan()).collect(),
             _ => Vec::new(),
         };
         let at = format!("{}, id {id}", path.display());
@@ -1498,11 +1523,11 @@ fn predict_panel<B: burn::prelude::Backend>(
         };
         let (rows, ahead) = (scaled(&dates)?, scaled(&ahead_dates)?);
         let h = spec.horizon;
-        if !p.covariates.is_empty() && ahead.len() < h {
+        if !future.is_empty() && ahead.len() < h {
             bail!(
                 "{at}: the model reads the id's covariates known ahead ({}) at the {h} rows it forecasts; the id has {} rows ahead \
                  (rows dated after its last value, with the value empty and the covariates filled), {} short",
-                p.covariates.join(", "),
+                future.join(", "),
                 ahead.len(),
                 h - ahead.len()
             );
@@ -1651,7 +1676,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     };
     // With future covariates, a row whose other columns are all empty is a row ahead.
     let choice = match panel {
-        Some(p) => panel_choice(p, a.date_column.clone()),
+        Some(p) => panel_choice(p, spec, a.date_column.clone()),
         None => {
             let open_end = spec.features.iter().filter(|f| !spec.future.is_empty() && !spec.future.contains(f)).cloned().collect();
             ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()), open_end }

@@ -204,6 +204,14 @@ pub struct RowEncoder {
     recent: Vec<VecDeque<f64>>,
     /// The row's inputs that every series shares (calendar, covariates), kept to be reused.
     shared: Vec<f64>,
+    /// One series' own covariates' inputs at the row, kept to be reused.
+    own_inputs: Vec<f64>,
+    /// Whether each shared covariate, and each of each target's own, is known ahead: looked up
+    /// once here, not in [`FeatureMap::future`] for every row.
+    future_shared: Vec<bool>,
+    future_own: Vec<Vec<bool>>,
+    /// [`FeatureMap::n_feat`], counted once.
+    n_feat: usize,
     /// The sine and cosine of every phase of each calendar period (empty for a period too long
     /// to tabulate): a training batch reads them for every row of every history, and a table
     /// lookup gives the same values as computing them each time.
@@ -227,6 +235,10 @@ impl RowEncoder {
             own: map.own.iter().map(|cols| cols.iter().map(|_| RollingStats::new(map.norm_window)).collect()).collect(),
             recent: map.targets.iter().map(|_| VecDeque::with_capacity(map.patch)).collect(),
             shared: Vec::with_capacity(map.n_feat()),
+            own_inputs: Vec::new(),
+            future_shared: map.covariates.iter().map(|j| map.future.contains(j)).collect(),
+            future_own: map.own.iter().map(|cols| cols.iter().map(|j| map.future.contains(j)).collect()).collect(),
+            n_feat: map.n_feat(),
             phases: map
                 .calendar
                 .iter()
@@ -275,7 +287,9 @@ impl RowEncoder {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.targets.iter().chain(&self.covariates).chain(self.own.iter().flatten()).map(RollingStats::heap_bytes).sum::<usize>()
             + self.recent.iter().map(|r| r.capacity() * 8).sum::<usize>()
-            + self.shared.capacity() * 8
+            + (self.shared.capacity() + self.own_inputs.capacity()) * 8
+            + self.future_shared.capacity()
+            + self.future_own.iter().map(Vec::capacity).sum::<usize>()
     }
 
     /// Adds one row (all input columns, scaled) at calendar clock `clock`. Writes each series'
@@ -288,7 +302,7 @@ impl RowEncoder {
     /// # Panics
     /// When the map reads future covariates and `ahead` holds fewer than `horizon` rows.
     pub fn push(&mut self, row: &[f64], ahead: &[Vec<f64>], clock: i64, inputs: &mut [f64], refs: &mut [RowRef]) {
-        let f_n = self.map.n_feat();
+        let f_n = self.n_feat;
         // SAFETY: `MaybeUninit<f64>` has the layout of `f64`, and `push_strided` writes only
         // initialised values through the view.
         let view = unsafe { &mut *(inputs as *mut [f64] as *mut [MaybeUninit<f64>]) };
@@ -308,7 +322,7 @@ impl RowEncoder {
         refs: &mut [RowRef],
     ) {
         let m = &self.map;
-        let f_n = m.n_feat();
+        let f_n = self.n_feat;
         let t_n = m.targets.len();
         let shared = &mut self.shared;
         shared.clear();
@@ -320,14 +334,8 @@ impl RowEncoder {
                 shared.push(cos);
             }
         }
-        for (&j, st) in m.covariates.iter().zip(self.covariates.iter_mut()) {
-            let (mean, sd) = st.push(row[j]);
-            let sd = if m.scale { sd } else { 1.0 };
-            shared.push((row[j] - mean) / sd);
-            if m.future.contains(&j) {
-                assert!(ahead.len() >= m.horizon, "push: a future covariate needs the {} rows ahead, got {}", m.horizon, ahead.len());
-                shared.extend(ahead[..m.horizon].iter().map(|r| (r[j] - mean) / sd));
-            }
+        for ((&j, st), &future) in m.covariates.iter().zip(self.covariates.iter_mut()).zip(&self.future_shared) {
+            push_covariate(st, j, future, row, ahead, m, shared);
         }
         for (c, (&j, st)) in m.targets.iter().zip(self.targets.iter_mut()).enumerate() {
             let x = row[j];
@@ -349,29 +357,19 @@ impl RowEncoder {
             centered(patch, older, mean, inv);
             let oldest = recent.back().copied().unwrap_or(x);
             rest.fill(MaybeUninit::new(E::from_elem((oldest - mean) * inv)));
-            for (o, &v) in out[m.patch..m.patch + shared.len()].iter_mut().zip(shared.iter()) {
+            let own = &mut self.own_inputs;
+            own.clear();
+            if let (Some(cols), Some(stats), Some(future)) = (m.own.get(c), self.own.get_mut(c), self.future_own.get(c)) {
+                for ((&j, st), &future) in cols.iter().zip(stats.iter_mut()).zip(future) {
+                    push_covariate(st, j, future, row, ahead, m, own);
+                }
+            }
+            let at = m.patch + shared.len() + own.len();
+            for (o, &v) in out[m.patch..at].iter_mut().zip(shared.iter()) {
                 *o = MaybeUninit::new(E::from_elem(v));
             }
-            let mut at = m.patch + shared.len();
-            if let (Some(cols), Some(stats)) = (m.own.get(c), self.own.get_mut(c)) {
-                for (&j, st) in cols.iter().zip(stats.iter_mut()) {
-                    let (mean, sd) = st.push(row[j]);
-                    let sd = if m.scale { sd } else { 1.0 };
-                    out[at] = MaybeUninit::new(E::from_elem((row[j] - mean) / sd));
-                    at += 1;
-                    if m.future.contains(&j) {
-                        assert!(
-                            ahead.len() >= m.horizon,
-                            "push: a future covariate needs the {} rows ahead, got {}",
-                            m.horizon,
-                            ahead.len()
-                        );
-                        for (o, r) in out[at..at + m.horizon].iter_mut().zip(ahead) {
-                            *o = MaybeUninit::new(E::from_elem((r[j] - mean) / sd));
-                        }
-                        at += m.horizon;
-                    }
-                }
+            for (o, &v) in out[m.patch + shared.len()..at].iter_mut().zip(own.iter()) {
+                *o = MaybeUninit::new(E::from_elem(v));
             }
             // The code, when there is one, fills the row to its end; without one the patch and
             // the shared and own inputs already do: every value of `out` is written.
@@ -386,6 +384,22 @@ impl RowEncoder {
             refs[c] = RowRef { level: x, scale: sd, cycle_row };
         }
         debug_assert_eq!(refs.len(), t_n);
+    }
+}
+
+/// Appends covariate `j`'s value at `row`, normalised by its rolling statistics `st`, and when
+/// it is `future` (known ahead) its values at the map's `horizon` rows `ahead`, normalised at
+/// this row the same way: a shared covariate and a series' own are encoded alike.
+///
+/// # Panics
+/// When the covariate is known ahead and `ahead` holds fewer than `horizon` rows.
+fn push_covariate(st: &mut RollingStats, j: usize, future: bool, row: &[f64], ahead: &[Vec<f64>], m: &FeatureMap, out: &mut Vec<f64>) {
+    let (mean, sd) = st.push(row[j]);
+    let sd = if m.scale { sd } else { 1.0 };
+    out.push((row[j] - mean) / sd);
+    if future {
+        assert!(ahead.len() >= m.horizon, "push: a future covariate needs the {} rows ahead, got {}", m.horizon, ahead.len());
+        out.extend(ahead[..m.horizon].iter().map(|r| (r[j] - mean) / sd));
     }
 }
 

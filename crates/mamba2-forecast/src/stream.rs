@@ -395,7 +395,10 @@ impl<T: HostFloat> ForecastStream<T> {
             _ => {
                 let most = self.weights.horizon + ANNOUNCED_SLACK;
                 if self.announced.len() >= most {
-                    return Err(ModelError::Input { why: format!("{most} rows announced ahead of the last row, at most {most}") });
+                    return Err(ModelError::Input { why: format!(
+                            "{most} rows already announced ahead of the last row, the most a stream holds (H {} + {ANNOUNCED_SLACK}); push rows before announcing more",
+                            self.weights.horizon
+                        ) });
                 }
                 self.announced.insert(at, (clock, row[..want].to_vec()));
             }

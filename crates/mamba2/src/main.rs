@@ -413,8 +413,8 @@ fn published(h: usize) -> Vec<(&'static str, f64, f64)> {
 fn cmd_train(a: TrainArgs) -> Result<()> {
     check_cost_bps(a.cost_bps)?;
     let (table, is_etth1, panel) = load_training_table(&a)?;
-    let targets = train_targets(&a, &table, panel.as_ref())?;
-    let target_idx = table.indices(&targets)?;
+    let (config, tc, clock) = configure(&a, &table, panel)?;
+    let target_idx = table.indices(&config.spec.targets)?;
     let split = match (&a.borders, &a.split) {
         (Some(b), _) if b.len() != 3 => bail!("--borders takes three row numbers train_end,val_end,test_end, got {b:?}"),
         (Some(b), _) => Split::Borders { train: b[0], val: b[1], test: b[2] },
@@ -427,7 +427,6 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let source = a.data.data.as_ref().map_or(ETTH1_NAME.to_string(), |p| p.display().to_string());
     let scaler = Scaler::fit(&table.rows[ranges[0].0..ranges[0].1], &table.columns).with_context(|| source.clone())?;
     let rows = scaler.transform(&table.rows, &table.columns).with_context(|| source.clone())?;
-    let (config, tc, clock) = configure(&a, &table, panel)?;
     let data = Prepared { rows, scaler, ranges, targets: target_idx.clone(), clock };
     // Check that every split has windows before any work is done.
     for (name, r) in ["train", "validation", "test"].iter().zip(ranges) {
@@ -543,6 +542,8 @@ fn train_targets(a: &TrainArgs, table: &Table, panel: Option<&PanelSpec>) -> Res
 /// The model and training settings the flags ask for on `table`, and each row's calendar clock.
 fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(ForecasterConfig, TrainConfig, Vec<i64>)> {
     let targets = train_targets(a, table, panel.as_ref())?;
+    // An unknown target is named as the table's error, before the config's own check.
+    table.indices(&targets)?;
     let calendar = if a.no_calendar { None } else { table.times.as_deref().and_then(Calendar::detect) };
     let clock = clock_of(table, calendar.as_ref());
     let mut config = ForecasterConfig::defaults(a.lookback, a.horizon, table.columns.clone(), targets, calendar);
@@ -1244,8 +1245,7 @@ fn data_name(d: &DataArgs) -> String {
 fn scaled_rows_ahead(d: &DataArgs, spec: &ForecastSpec, scaler: &Scaler) -> Result<(Vec<Vec<f64>>, Vec<i64>, usize)> {
     let table = match &spec.panel {
         None if !spec.future.is_empty() => {
-            let open_end = spec.features.iter().filter(|f| !spec.future.contains(f)).cloned().collect();
-            let choice = ColumnChoice { date_column: d.date_column.clone(), columns: Some(spec.features.clone()), open_end };
+            let choice = wide_choice(spec, d.date_column.clone());
             match &d.data {
                 Some(p) => Table::from_path(p, &choice)?,
                 None => Table::from_csv_str(ETTH1, ETTH1_NAME, &choice)?,
@@ -1445,8 +1445,14 @@ fn panel_id_column<'a>(given: Option<&str>, p: &'a PanelSpec) -> Result<&'a str>
     }
 }
 
-/// `predict` with a model trained on a panel: each id of the long-format file forecast after its
-/// own last row, from the dates it has rows for (what `stream` gives after the same rows).
+/// The columns a wide model reads: its features, of which the ones not known ahead are left
+/// empty in rows ahead when the model reads future covariates.
+fn wide_choice(spec: &ForecastSpec, date_column: Option<String>) -> ColumnChoice {
+    let open_end =
+        if spec.future.is_empty() { Vec::new() } else { spec.features.iter().filter(|f| !spec.future.contains(f)).cloned().collect() };
+    ColumnChoice { date_column, columns: Some(spec.features.clone()), open_end }
+}
+
 /// The columns a long-format panel model reads: its value column and its ids' covariates, the
 /// value left empty in rows ahead when there are covariates.
 fn panel_choice(p: &PanelSpec, spec: &ForecastSpec, date_column: Option<String>) -> ColumnChoice {
@@ -1471,6 +1477,8 @@ fn series_scaler(scaler: &Scaler, spec: &ForecastSpec, p: &PanelSpec, t: usize) 
     (Scaler { mean: cols.iter().map(|&j| scaler.mean[j]).collect(), std: cols.iter().map(|&j| scaler.std[j]).collect() }, names)
 }
 
+/// `predict` with a model trained on a panel: each id of the long-format file forecast after its
+/// own last row, from the dates it has rows for (what `stream` gives after the same rows).
 fn predict_panel<B: burn::prelude::Backend>(
     a: &UseArgs,
     p: &PanelSpec,
@@ -1677,10 +1685,7 @@ fn stream_rows<B: burn::prelude::Backend, T: mamba2_model::HostFloat>(
     // With future covariates, a row whose other columns are all empty is a row ahead.
     let choice = match panel {
         Some(p) => panel_choice(p, spec, a.date_column.clone()),
-        None => {
-            let open_end = spec.features.iter().filter(|f| !spec.future.is_empty() && !spec.future.contains(f)).cloned().collect();
-            ColumnChoice { date_column: a.date_column.clone(), columns: Some(spec.features.clone()), open_end }
-        }
+        None => wide_choice(spec, a.date_column.clone()),
     };
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();

@@ -10,6 +10,8 @@
 //! - [`panel`]: a file in long format (a row per series id and date) as a table of a column per
 //!   id on the union of the dates, NaN where an id has no row; [`Windows`] then holds a series
 //!   only in the windows it has whole.
+//! - [`statics`]: a table of one row per series holding its fixed attributes (a sector, a
+//!   market), encoded as inputs: numeric columns standardised, others one-hot.
 //! - [`ErrorTable`]: squared and absolute errors per target and forecast step, summed in a fixed
 //!   order; [`repeat_table`]: the Repeat baseline (the last value, held).
 //!
@@ -42,6 +44,7 @@ pub mod panel;
 mod parquet_input;
 pub mod quantile;
 mod split;
+pub mod statics;
 mod table;
 pub mod trade;
 

@@ -108,6 +108,10 @@ pub struct FeatureMap {
     /// like `covariates` after them, and ahead where they are in `future`; every target has as
     /// many, in the same order. Empty: none.
     pub own: Vec<Vec<usize>>,
+    /// Each target's static inputs (its sector, its market: [`mamba2_data::statics`]), read
+    /// as they are by every row of it, after its own covariates; every target has as many.
+    /// Empty: none.
+    pub statics: Vec<Vec<f64>>,
     /// Rows the rolling statistics cover.
     pub norm_window: usize,
     /// Values of the series' own past each row's input holds (itself and the `patch - 1` rows
@@ -364,11 +368,12 @@ impl RowEncoder {
                     push_covariate(st, j, future, row, ahead, m, own);
                 }
             }
-            let at = m.patch + shared.len() + own.len();
+            let statics = m.statics.get(c).map_or(&[][..], Vec::as_slice);
+            let at = m.patch + shared.len() + own.len() + statics.len();
             for (o, &v) in out[m.patch..at].iter_mut().zip(shared.iter()) {
                 *o = MaybeUninit::new(E::from_elem(v));
             }
-            for (o, &v) in out[m.patch + shared.len()..at].iter_mut().zip(own.iter()) {
+            for (o, &v) in out[m.patch + shared.len()..at].iter_mut().zip(own.iter().chain(statics)) {
                 *o = MaybeUninit::new(E::from_elem(v));
             }
             // The code, when there is one, fills the row to its end; without one the patch and
@@ -444,6 +449,7 @@ impl FeatureMap {
             + 2 * self.calendar.as_ref().map_or(0, |c| c.periods.len())
             + self.covariates.iter().map(width).sum::<usize>()
             + self.own.first().map_or(0, |cols| cols.iter().map(width).sum())
+            + self.statics.first().map_or(0, Vec::len)
             + code
     }
 
@@ -458,6 +464,7 @@ impl FeatureMap {
             targets: keep.iter().map(|&t| self.targets[t]).collect(),
             series: keep.iter().map(|&t| self.series[t]).collect(),
             own: if self.own.is_empty() { Vec::new() } else { keep.iter().map(|&t| self.own[t].clone()).collect() },
+            statics: if self.statics.is_empty() { Vec::new() } else { keep.iter().map(|&t| self.statics[t].clone()).collect() },
             ..self.clone()
         }
     }
@@ -484,6 +491,7 @@ impl FeatureMap {
             series: vec![self.series[t]],
             future: own.iter().enumerate().filter(|(_, j)| self.future.contains(j)).map(|(i, _)| i + 1).collect(),
             own: if self.own.is_empty() { Vec::new() } else { vec![(1..=own.len()).collect()] },
+            statics: self.statics.get(t).map_or(Vec::new(), |v| vec![v.clone()]),
             ..self.clone()
         })
     }
@@ -678,6 +686,7 @@ mod tests {
             covariates: vec![1],
             future: vec![],
             own: vec![],
+            statics: vec![],
             norm_window: 8,
             patch: 1,
             scale: true,
@@ -743,6 +752,7 @@ mod tests {
             covariates: vec![1],
             future: vec![],
             own: vec![],
+            statics: vec![],
             norm_window: 6,
             patch: 2,
             scale: true,
@@ -774,8 +784,8 @@ mod tests {
     }
 
     /// Histories holding some of the targets (a panel's windows) give, each, what the map of
-    /// those targets alone gives, every series keeping its own code and cycle rows; and a series
-    /// read alone from rows of its value equals it read from the whole rows.
+    /// those targets alone gives, every series keeping its own static inputs, code and cycle
+    /// rows; and a series read alone from rows of its value equals it read from the whole rows.
     #[test]
     fn histories_of_some_series_keep_each_series_code_and_cycle() {
         let rows: Vec<Vec<f64>> = (0..80).map(|t| (0..3).map(|c| ((t + 7 * c) as f64 * 0.4).sin() + c as f64).collect()).collect();
@@ -785,6 +795,7 @@ mod tests {
             covariates: vec![],
             future: vec![],
             own: vec![],
+            statics: vec![vec![1.5, -1.0], vec![0.0, 2.0], vec![-0.5, 0.25]],
             norm_window: 8,
             patch: 4,
             scale: true,
@@ -807,11 +818,14 @@ mod tests {
         assert_eq!(both.inputs, each.iter().flat_map(|b| b.inputs.clone()).collect::<Vec<_>>());
         assert_eq!(both.truth, each.iter().flat_map(|b| b.truth.clone()).collect::<Vec<_>>());
         assert_eq!(both.cycle_now, each.iter().flat_map(|b| b.cycle_now.clone()).collect::<Vec<_>>());
-        // The second history's one sequence is series 2: its code's third entry is set, and its
-        // cycle rows are the third block of 24.
+        // The second history's one sequence is series 2: every row ends with its static inputs
+        // and its code with the third entry set, and its cycle rows are the third block of 24.
         let f = both.n_feat;
+        assert_eq!(f, 4 + 4 + 2 + 3);
         let seq3 = &both.inputs[3 * 16 * f..4 * 16 * f];
-        assert_eq!(&seq3[f - 3..f], [0.0, 0.0, 1.0]);
+        for row in seq3.chunks(f) {
+            assert_eq!(&row[f - 5..f], [-0.5, 0.25, 0.0, 0.0, 1.0]);
+        }
         assert!(both.cycle_now[3 * 2..4 * 2].iter().all(|&r| (48..72).contains(&r)));
         let alone = map.alone(2).unwrap();
         let own: Vec<Vec<f64>> = rows.iter().map(|r| vec![r[2]]).collect();

@@ -90,6 +90,23 @@ pub struct ForecastSpec {
     /// Trained on a panel in long format: the features and targets are its series' ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub panel: Option<PanelSpec>,
+    /// Static covariates: fixed inputs of each series (its sector, its market), which every row
+    /// of it reads. `None`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statics: Option<StaticSpec>,
+}
+
+/// Static covariates as a model reads them ([`mamba2_data::statics`]): each series' inputs,
+/// encoded from its row of a static table when the model was trained, and kept here so that
+/// `predict` and `stream` need no table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StaticSpec {
+    /// The static table's columns.
+    pub columns: Vec<String>,
+    /// The inputs they make (`sector=energy` for a category, `cap` for a number), in order.
+    pub inputs: Vec<String>,
+    /// Each target's inputs, in the targets' order.
+    pub values: Vec<Vec<f64>>,
 }
 
 /// How a panel in long format was read ([`mamba2_data::panel`]): one row per series id and date.
@@ -187,6 +204,7 @@ impl ForecasterConfig {
                 mix: false,
                 future: Vec::new(),
                 panel: None,
+                statics: None,
             },
             backbone: default_backbone(),
         }
@@ -219,7 +237,25 @@ impl ForecasterConfig {
                 return Err(invalid("calendar", format!("{c:?}"), "needs a positive interval and periods of 2 to 2^20 rows"));
             }
         }
-        let inputs = (s.patch + 2 * s.features.len() + 64).saturating_add(s.future.len().saturating_mul(s.horizon));
+        if let Some(st) = &s.statics {
+            let n = st.inputs.len();
+            if n > mamba2_data::statics::MAX_STATIC_INPUTS {
+                return Err(ModelError::Config(ConfigError::TooLarge {
+                    name: "static inputs",
+                    value: n,
+                    max: mamba2_data::statics::MAX_STATIC_INPUTS,
+                }));
+            }
+            if st.values.len() != s.targets.len() || st.values.iter().any(|v| v.len() != n || v.iter().any(|x| !x.is_finite())) {
+                return Err(invalid(
+                    "statics",
+                    format!("{} series' values for {} targets", st.values.len(), s.targets.len()),
+                    "each target has one finite value per static input",
+                ));
+            }
+        }
+        let statics = s.statics.as_ref().map_or(0, |st| st.inputs.len());
+        let inputs = (s.patch + 2 * s.features.len() + 64 + statics).saturating_add(s.future.len().saturating_mul(s.horizon));
         let width = self.backbone.d_model.max(s.horizon);
         if inputs.saturating_mul(width) > 1 << 30 || s.targets.len().saturating_mul(s.cycle) > 1 << 30 {
             return Err(ModelError::Config(ConfigError::TooLarge {
@@ -344,6 +380,7 @@ fn own_columns(s: &ForecastSpec, targets: &[usize]) -> Vec<Vec<usize>> {
 fn map_of(s: &ForecastSpec, targets: &[usize], covariates: &[usize]) -> FeatureMap {
     FeatureMap {
         own: own_columns(s, targets),
+        statics: s.statics.as_ref().map_or(Vec::new(), |st| st.values.clone()),
         targets: targets.to_vec(),
         covariates: covariates.to_vec(),
         future: s.future.iter().filter_map(|f| s.features.iter().position(|x| x == f)).collect(),
@@ -728,6 +765,7 @@ mod tests {
             mix: false,
             future: vec![],
             panel: None,
+            statics: None,
         }
     }
 

@@ -86,7 +86,7 @@ mod truth;
 
 pub use bank::{StreamBank, MAX_ID_BYTES};
 pub use forecaster::{
-    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, PanelSpec, RelativeTruth,
+    default_backbone, series_major_to_rows, Batch, ForecastSpec, Forecaster, ForecasterConfig, Loss, PanelSpec, RelativeTruth, StaticSpec,
     DEFAULT_PATCH,
 };
 pub use load::{open_forecaster, Opened};

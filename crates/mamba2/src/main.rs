@@ -119,6 +119,12 @@ struct TrainArgs {
     /// and stream must be given them for the rows after the last (rows ahead, targets empty)
     #[arg(long, value_delimiter = ',')]
     future_columns: Option<Vec<String>>,
+    /// A CSV of static covariates: one row per series (its id, or its column of a wide table,
+    /// in the first column) and its fixed attributes (a sector, a market); numbers are
+    /// standardised over the series, other values one-hot. Kept in the checkpoint, so predict
+    /// and stream need no such file
+    #[arg(long, value_name = "FILE")]
+    static_data: Option<PathBuf>,
     /// Train and validation fractions, e.g. `0.7,0.1` (default: the ETTh1 borders for ETTh1, else 0.7,0.1).
     #[arg(long, value_delimiter = ',')]
     split: Option<Vec<f64>>,
@@ -573,6 +579,11 @@ fn configure(a: &TrainArgs, table: &Table, panel: Option<PanelSpec>) -> Result<(
         None => future,
     };
     spec.panel = panel;
+    if let Some(path) = &a.static_data {
+        let table = mamba2_data::statics::StaticTable::from_path(path)?;
+        let (inputs, values) = table.encode(&spec.targets)?;
+        spec.statics = Some(mamba2_forecast::StaticSpec { columns: table.columns, inputs, values });
+    }
     config.validate()?;
     let tc = TrainConfig {
         epochs: a.epochs,
@@ -933,7 +944,9 @@ impl RunInfo {
                             format!(" ({} known ahead: {})", s.future.len(), s.future.join(", "))
                         }
                     ),
-                },
+                } + &s.statics.as_ref().map_or(String::new(), |st| {
+                    format!("; {} static input{} of each series from {}", st.inputs.len(), if st.inputs.len() == 1 { "" } else { "s" }, st.columns.join(", "))
+                }),
             ),
             (
                 "model".into(),

@@ -2006,3 +2006,81 @@ fn a_panel_whose_ids_have_their_own_past_covariates() {
         }
     }
 }
+
+/// `train --static-data`: each id's row of a static table (a category and a number) becomes
+/// inputs of every row of that id, kept in the checkpoint: the run says so, `predict` and
+/// `stream --id-column` need no table and agree per id (f64, 1e-9); a table without a row for
+/// an id, with an empty cell, or missing is a one-line error before any work.
+#[test]
+fn a_panel_reads_each_ids_static_covariates() {
+    let dir = scratch("panel-static");
+    let mut state = 9u64;
+    let mut uniform = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    let mut lines = vec!["id,date,y,v".to_string()];
+    for (k, id) in ids.iter().enumerate() {
+        // The sector's sign decides how `y` follows the id's `v` an hour later.
+        let gain = if k % 2 == 0 { 1.5 } else { -1.5 };
+        let mut before = 0.0;
+        for t in 0..600 {
+            let v = uniform() * 2.0;
+            let y = gain * before + 0.5 * (std::f64::consts::TAU * (t + 3 * k) as f64 / 24.0).sin() + 0.05 * uniform();
+            before = v;
+            lines.push(format!("{id},{},{y},{v}", crate::common::stamp(1_577_836_800 + 3600 * t as i64)));
+        }
+    }
+    let csv = dir.join("panel.csv");
+    std::fs::write(&csv, lines.join("\n") + "\n").unwrap();
+    let statics = dir.join("statics.csv");
+    let table: Vec<String> =
+        ids.iter().enumerate().map(|(k, id)| format!("{id},{},{}", if k % 2 == 0 { "up" } else { "down" }, 10 + k)).collect();
+    std::fs::write(&statics, format!("id,sector,size\n{}\n", table.join("\n"))).unwrap();
+    let train = trainer(&dir, &csv, &["--id-column", "id", "--columns", "y,v"]);
+    let out = train("static", &["--static-data", statics.to_str().unwrap()]);
+    assert!(out.contains("; 3 static inputs of each series from sector, size"), "{out}");
+    train("none", &[]);
+    let step1 = |name: &str| summary(&dir.join(name))["test_per_step"][0]["mse"].as_f64().unwrap();
+    println!("first step's test MSE with the static table {:.4}, without {:.4}", step1("static"), step1("none"));
+
+    let ckpt = dir.join("static/best.ckpt");
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", csv.to_str().unwrap(), "--dtype", "f64"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o2 = stream_lines(&ckpt, &lines, &["--id-column", "id"]);
+    assert!(o2.status.success(), "{}", String::from_utf8_lossy(&o2.stderr));
+    let streamed = String::from_utf8_lossy(&o2.stdout).to_string();
+    let predicted = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(predicted.lines().count(), 1 + 8 * 3);
+    for p in predicted.lines().skip(1) {
+        let cells: Vec<&str> = p.split(',').collect();
+        let prefix = format!("{},600,{},", cells[0], cells[1]);
+        let s = streamed.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no streamed line {prefix}"));
+        for (a, b) in cells[2..].iter().zip(s.split(',').skip(3)) {
+            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{p}: predict {a}, stream {b}");
+        }
+    }
+    // A table short of an id, one with an empty cell, and one that is not there.
+    let short = dir.join("short.csv");
+    std::fs::write(&short, format!("id,sector,size\n{}\n", table[..7].join("\n"))).unwrap();
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "id,sector,size\ns0,up,1\ns1,,2\n").unwrap();
+    let nowhere = dir.join("nowhere.csv");
+    let (d, s) = (csv.to_str().unwrap(), short.to_str().unwrap());
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["--static-data", s], format!("{s}: no row for series `s7` in column `id` (it has: s0, s1, s2, s3, s4, s5, s6)")),
+        (vec!["--static-data", empty.to_str().unwrap()], "line 3: `sector` is empty for series `s1`".into()),
+        (vec!["--static-data", nowhere.to_str().unwrap()], "nowhere.csv: No such file".into()),
+    ];
+    for (extra, want) in cases {
+        let o = run(bin()
+            .args(["train", "--data", d, "--id-column", "id", "--columns", "y,v", "--out", dir.join("bad").to_str().unwrap()])
+            .args(extra.iter()));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(&want) && err.trim().lines().count() == 1, "{extra:?}: {err}");
+        assert!(o.stdout.is_empty() && !dir.join("bad").exists(), "{extra:?} printed or wrote before its refusal");
+    }
+}

@@ -17,6 +17,15 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// Uniform numbers in [-0.5, 0.5) from a 64-bit linear congruential generator started at
+/// `state`: the same data on every machine, without a dependency.
+fn uniform_from(mut state: u64) -> impl FnMut() -> f64 {
+    move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    }
+}
+
 /// `rows` rows of three smooth, noisy series with an hourly date column (so that models read
 /// its calendar).
 pub(crate) fn synthetic_csv(rows: usize) -> String {
@@ -1678,11 +1687,7 @@ fn write_unknown(dir: &Path) -> PathBuf {
 /// `y` a daily cycle plus 1.5 `x` at the same hour, so that only the known `x` ahead tells `y`
 /// ahead.
 fn future_csv(rows: usize) -> Vec<String> {
-    let mut state = 7u64;
-    let mut uniform = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut uniform = uniform_from(7u64);
     let mut x = 0.0;
     let mut lines = vec!["date,x,y".to_string()];
     for t in 0..rows {
@@ -1837,11 +1842,7 @@ fn a_future_covariate_is_read_at_the_rows_forecast_and_streams_as_predict() {
 /// `dates` hourly dates of a long-format panel `id,date,y,x`: three ids (`c` from date 200 on),
 /// each with its own unforeseeable input `x` that its `y` follows at the same hour.
 fn future_panel(dates: usize) -> Vec<(String, String, f64, f64)> {
-    let mut state = 11u64;
-    let mut uniform = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut uniform = uniform_from(11u64);
     let mut x = [0.0; 3];
     let mut rows = Vec::new();
     for t in 0..dates {
@@ -1962,11 +1963,7 @@ fn a_panel_whose_ids_have_their_own_inputs_known_ahead() {
 #[test]
 fn a_panel_whose_ids_have_their_own_past_covariates() {
     let dir = scratch("panel-past");
-    let mut state = 5u64;
-    let mut uniform = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut uniform = uniform_from(5u64);
     let mut lines = vec!["id,date,y,v".to_string()];
     for (k, id) in ["a", "b", "c"].into_iter().enumerate() {
         let mut before = 0.0;
@@ -1989,22 +1986,7 @@ fn a_panel_whose_ids_have_their_own_past_covariates() {
     assert!(with < 0.5 * without, "first step's test MSE with v {with}, without {without}");
 
     let ckpt = dir.join("own/best.ckpt");
-    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", csv.to_str().unwrap(), "--dtype", "f64"]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o2 = stream_lines(&ckpt, &lines, &["--id-column", "id"]);
-    assert!(o2.status.success(), "{}", String::from_utf8_lossy(&o2.stderr));
-    let streamed = String::from_utf8_lossy(&o2.stdout).to_string();
-    let predicted = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(predicted.lines().count(), 1 + 3 * 3);
-    for p in predicted.lines().skip(1) {
-        let cells: Vec<&str> = p.split(',').collect();
-        let prefix = format!("{},1200,{},", cells[0], cells[1]);
-        let s = streamed.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no streamed line {prefix}"));
-        for (a, b) in cells[2..].iter().zip(s.split(',').skip(3)) {
-            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
-            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{p}: predict {a}, stream {b}");
-        }
-    }
+    assert_panel_predict_is_stream(&ckpt, &csv, &lines, 3, 1200);
 }
 
 /// `train --static-data`: each id's row of a static table (a category and a number) becomes
@@ -2014,11 +1996,7 @@ fn a_panel_whose_ids_have_their_own_past_covariates() {
 #[test]
 fn a_panel_reads_each_ids_static_covariates() {
     let dir = scratch("panel-static");
-    let mut state = 9u64;
-    let mut uniform = || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut uniform = uniform_from(9u64);
     let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
     let mut lines = vec!["id,date,y,v".to_string()];
     for (k, id) in ids.iter().enumerate() {
@@ -2046,22 +2024,7 @@ fn a_panel_reads_each_ids_static_covariates() {
     println!("first step's test MSE with the static table {:.4}, without {:.4}", step1("static"), step1("none"));
 
     let ckpt = dir.join("static/best.ckpt");
-    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", csv.to_str().unwrap(), "--dtype", "f64"]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o2 = stream_lines(&ckpt, &lines, &["--id-column", "id"]);
-    assert!(o2.status.success(), "{}", String::from_utf8_lossy(&o2.stderr));
-    let streamed = String::from_utf8_lossy(&o2.stdout).to_string();
-    let predicted = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(predicted.lines().count(), 1 + 8 * 3);
-    for p in predicted.lines().skip(1) {
-        let cells: Vec<&str> = p.split(',').collect();
-        let prefix = format!("{},600,{},", cells[0], cells[1]);
-        let s = streamed.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no streamed line {prefix}"));
-        for (a, b) in cells[2..].iter().zip(s.split(',').skip(3)) {
-            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
-            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{p}: predict {a}, stream {b}");
-        }
-    }
+    assert_panel_predict_is_stream(&ckpt, &csv, &lines, 8, 600);
     // A table short of an id, one with an empty cell, and one that is not there.
     let short = dir.join("short.csv");
     std::fs::write(&short, format!("id,sector,size\n{}\n", table[..7].join("\n"))).unwrap();
@@ -2082,5 +2045,27 @@ fn a_panel_reads_each_ids_static_covariates() {
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
         assert!(err.contains(&want) && err.trim().lines().count() == 1, "{extra:?}: {err}");
         assert!(o.stdout.is_empty() && !dir.join("bad").exists(), "{extra:?} printed or wrote before its refusal");
+    }
+}
+
+/// `predict` of a long-format panel file (`lines`, H 3) = `stream --id-column` of its lines
+/// after each id's last row (row `rows` of the stream's count), for each of the `ids` ids and
+/// steps (f64, 1e-9).
+fn assert_panel_predict_is_stream(ckpt: &Path, csv: &Path, lines: &[String], ids: usize, rows: usize) {
+    let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", csv.to_str().unwrap(), "--dtype", "f64"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o2 = stream_lines(ckpt, lines, &["--id-column", "id"]);
+    assert!(o2.status.success(), "{}", String::from_utf8_lossy(&o2.stderr));
+    let streamed = String::from_utf8_lossy(&o2.stdout).to_string();
+    let predicted = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(predicted.lines().count(), 1 + ids * 3);
+    for p in predicted.lines().skip(1) {
+        let cells: Vec<&str> = p.split(',').collect();
+        let prefix = format!("{},{rows},{},", cells[0], cells[1]);
+        let s = streamed.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no streamed line {prefix}"));
+        for (a, b) in cells[2..].iter().zip(s.split(',').skip(3)) {
+            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{p}: predict {a}, stream {b}");
+        }
     }
 }

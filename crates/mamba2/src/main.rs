@@ -1519,6 +1519,10 @@ fn predict_panel<B: burn::prelude::Backend>(
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(out, "id,step,{}", forecast_header(std::slice::from_ref(&p.value_column), calibration))?;
+    // The covariates known ahead, and the first one's place among an id's covariates: the same
+    // for every id.
+    let future = spec.series_future();
+    let known_at = p.covariates.iter().position(|c| future.contains(c));
     for k in ids {
         let id = &table.columns[k];
         let t = spec.targets.iter().position(|s| s == id).with_context(|| {
@@ -1530,8 +1534,7 @@ fn predict_panel<B: burn::prelude::Backend>(
         let dates: Vec<usize> = (0..table.rows.len()).filter(|&r| !table.rows[r][k].is_nan()).collect();
         // Its rows ahead: dated after its last value, with its covariates known ahead (the
         // pivot checked).
-        let future = spec.series_future();
-        let known = p.covariates.iter().position(|c| future.contains(c)).map(|i| cols[1 + i]);
+        let known = known_at.map(|i| cols[1 + i]);
         let ahead_dates: Vec<usize> = match (dates.last(), known) {
             (Some(&last), Some(j)) => (last + 1..table.rows.len()).filter(|&r| !table.rows[r][j].is_nan()).collect(),
             _ => Vec::new(),

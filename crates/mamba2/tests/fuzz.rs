@@ -7,7 +7,7 @@
 //! and no table accepted into scaled values that are not finite `f32`s.
 //!
 //! CI runs each target for `MAMBA2_FUZZ_SECONDS` (default 3) seconds. By hand, ten minutes each:
-//! `MAMBA2_FUZZ_SECONDS=600 cargo test --release -p mamba2-train --test integration fuzz:: -- --nocapture --test-threads 3`.
+//! `MAMBA2_FUZZ_SECONDS=600 cargo test --release -p mamba2 --test command fuzz:: -- --nocapture --test-threads 3`.
 //! Cases are numbered from `MAMBA2_FUZZ_SEED` (default 0) and case `i` depends on `i` alone, so a
 //! failure printed as case `i` reruns with `MAMBA2_FUZZ_SEED=i MAMBA2_FUZZ_SECONDS=0`. Every
 //! 256 cases the number of the running case is written to `mamba2-fuzz-<target>.case` in the

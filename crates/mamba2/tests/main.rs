@@ -1,6 +1,6 @@
 //! The `mamba2` command's integration tests, built as one binary with one module per file (each
 //! test binary links Burn's backends anew). Run one file's tests by its module name:
-//! `cargo test -p mamba2 --test integration cli::`.
+//! `cargo test -p mamba2 --test command cli::`.
 
 mod cli;
 mod cluster;

@@ -74,7 +74,7 @@ def run(x, horizon, lookback=96):
     among_val = min((k for k in results if k[1] == "validation"), key=lambda k: results[k][0])
     among_all = min(results, key=lambda k: results[k][0])
     for name, k in [("among validation-only fits", among_val), ("among all six", among_all)]:
-        cv, covers, loss = results[k]
+        _, covers, loss = results[k]
         print(f"  chosen {name:27s} {k[0]:7s} fitted on {k[1]:24s} test covers {100 * covers:5.1f} %, "
               f"pinball / conformal Repeat's {loss / base:.3f}")
 

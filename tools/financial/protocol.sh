@@ -6,25 +6,31 @@
 # loss beside conformal Repeat's. Exits 1 if a mean test MSE is above Repeat's, a coverage is
 # outside 76-84 % or a pinball loss is not below conformal Repeat's.
 #
+# Besides the prices, stand-ins for the kinds of series the quantile issue names: Victoria's
+# half-hourly electricity demand (its temperature and working-day flag read as past covariates),
+# the dollar's daily exchange rates, and daily gold and silver prices.
+#
 #   bash tools/financial/protocol.sh [out_dir]
 #   SEEDS=0,1,2 BIN=path/to/mamba2 EXTRA="--no-repeat-check" bash tools/financial/protocol.sh
+#   ONLY="elecdemand exchange" bash tools/financial/protocol.sh      (those data sets alone)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-runs/financial}
 seeds=${SEEDS:-0,1,2}
-[ -f data/financial/sp500.csv ] || bash tools/financial/fetch.sh
+[ -f data/financial/elecdemand.csv ] || bash tools/financial/fetch.sh
 if [ -z "${BIN:-}" ]; then
   cargo build --release -p mamba2 --bin mamba2 >&2
 fi
 bin=${BIN:-target/release/mamba2}
 mkdir -p "$out"
 fail=0
-# data  horizon
-while read -r name h; do
+# data  horizon  flags
+while read -r name h flags; do
+  case " ${ONLY:-$name} " in *" $name "*) ;; *) continue ;; esac
   dir="$out/$name-h$h"
   rm -rf "$dir"
   start=$(date +%s)
-  "$bin" train --data "data/financial/$name.csv" --horizon "$h" --seeds "$seeds" --out "$dir" ${EXTRA:-} > "$dir.log"
+  "$bin" train --data "data/financial/$name.csv" --horizon "$h" --seeds "$seeds" --out "$dir" $flags ${EXTRA:-} > "$dir.log"
   secs=$(( $(date +%s) - start ))
   line=$(python3 - "$dir" "$seeds" <<'PY'
 import json, sys, statistics as st
@@ -63,5 +69,11 @@ sp500 1
 sp500 96
 msft 1
 msft 96
+elecdemand 1 --targets Demand
+elecdemand 96 --targets Demand
+exchange 1
+exchange 96
+goldsilver 1
+goldsilver 96
 SETS
 exit $fail

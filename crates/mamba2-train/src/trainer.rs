@@ -887,7 +887,9 @@ fn calibrate_best<B: Backend>(
     device: &B::Device,
 ) -> Result<Calibration, TrainError> {
     let best = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.best(), device, |c, d| c.init(d))?;
-    let c = calibrate(&best.module, val_w, clock, &tc.quantiles, tc.batch_size, device)?;
+    // The blend best.ckpt was saved with: alpha 0 is Repeat, whose intervals are a random walk's.
+    let repeat_kept = best.meta["blend"]["alpha"].as_f64() == Some(0.0);
+    let c = calibrate(&best.module, val_w, clock, &tc.quantiles, tc.batch_size, repeat_kept, device)?;
     let mut meta = best.meta;
     meta["calibration"] = serde_json::to_value(&c).expect("serialisable");
     save_checkpoint(&best.module, config, &meta, &dir.best())?;

@@ -316,18 +316,22 @@ pub fn trade_table<B: Backend>(
 }
 
 /// The quantile calibration of `model` (see [`mamba2_data::quantile`]): its errors and Repeat's
-/// after every window of `w` (the validation split), the local scale chosen on its halves.
+/// after every window of `w` (the validation split), the local scale chosen by a blocked
+/// cross-validation; a random walk's intervals where `repeat_kept` (the check against Repeat
+/// kept Repeat, `alpha` 0).
+#[allow(clippy::too_many_arguments)]
 pub fn calibrate<B: Backend>(
     model: &Forecaster<B>,
     w: &Windows,
     clock: &[i64],
     levels: &[f64],
     batch_size: usize,
+    repeat_kept: bool,
     device: &B::Device,
 ) -> Result<Calibration, TrainError> {
     let mut res = Residuals::new(w, model.target_indices());
     each_forecast(model, w, clock, w.len(), batch_size, device, |i, t, last, p, y| res.set(i, t, last, p, y))?;
-    Ok(choose_intervals(levels, &res))
+    Ok(choose_intervals(levels, &res, repeat_kept))
 }
 
 /// Quantile figures of a model's and of conformal Repeat's forecasts, scored in the same pass as

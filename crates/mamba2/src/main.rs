@@ -1204,6 +1204,16 @@ fn calibration_line(c: &Calibration) -> String {
         .find(|k| k.scale == c.model.scale && k.window == c.model.window && k.per_target == c.model.per_target)
         .map_or(f64::NAN, |k| k.pinball);
     let plain = c.candidates.first().map_or(f64::NAN, |k| k.pinball);
+    if c.model.scale == mamba2_data::quantile::ScaleKind::ChangeStd {
+        let best = c.candidates.iter().map(|k| k.pinball).fold(f64::NAN, f64::min);
+        return format!(
+            "quantiles {}: Repeat is kept, so {} (no error quantile fitted; the best conformal way to scale scored {best:.4} \
+             on validation's {} blocks, {plain:.4} unscaled)",
+            levels.join(", "),
+            c.model.describe(),
+            mamba2_data::quantile::FOLDS
+        );
+    }
     format!(
         "quantiles {} from the validation errors: {} (of {} ways to scale, the lowest pinball loss when each of {} blocks of \
          validation is scored fitted on the others: {chosen:.4}, against {plain:.4} unscaled); refitted on all {} windows",

@@ -538,6 +538,32 @@ fn parse_rows(text: &str, skip_cols: usize) -> Vec<Vec<f64>> {
     text.lines().skip(1).map(|l| l.split(',').skip(skip_cols).map(|v| v.parse().unwrap()).collect()).collect()
 }
 
+/// What `stream --dtype f64` prints when fed `header` and then `rows`.
+fn stream_text(ckpt: &Path, header: &str, rows: &[impl AsRef<str>]) -> String {
+    let mut child = bin()
+        .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{header}").unwrap();
+        for r in rows {
+            writeln!(stdin, "{}", r.as_ref()).unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The lines of a CSV text's data rows from row `from` (0 is the first after the header).
+fn walk_text_rows(text: &str, from: usize) -> Vec<String> {
+    text.lines().skip(1 + from).map(String::from).collect()
+}
+
 #[test]
 fn stream_prints_what_predict_prints_on_the_same_history() {
     let dir = scratch("stream");
@@ -553,23 +579,7 @@ fn stream_prints_what_predict_prints_on_the_same_history() {
     let lines: Vec<&str> = csv_text.lines().collect();
     let header = lines[0];
     let test_rows = &lines[1 + 320..];
-    let mut child = bin()
-        .args(["stream", "--checkpoint", ckpt.to_str().unwrap(), "--dtype", "f64"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        writeln!(stdin, "{header}").unwrap();
-        for r in test_rows {
-            writeln!(stdin, "{r}").unwrap();
-        }
-    }
-    let streamed = child.wait_with_output().unwrap();
-    assert!(streamed.status.success());
-    let streamed_text = String::from_utf8_lossy(&streamed.stdout).to_string();
+    let streamed_text = stream_text(&ckpt, header, test_rows);
     let streamed = parse_rows(&streamed_text, 0);
     assert_eq!(streamed.len(), test_rows.len() * 3, "one forecast of 3 steps per row");
     // The point forecast of each target, then its quantiles at the default levels; they never
@@ -1038,6 +1048,42 @@ fn a_run_without_skill_says_so_and_keeps_repeat() {
     let (mse, rmse) = (t["mse"].as_f64().unwrap(), t["repeat_mse"].as_f64().unwrap());
     assert!((mse - rmse).abs() < 1e-12 * rmse, "test MSE {mse} vs Repeat's {rmse}");
     assert_eq!((t["trades"].as_u64(), t["strategy_return"].as_f64(), t["ic"].is_null()), (Some(0), Some(0.0), true), "{t}");
+
+    // Repeat kept, its intervals are a random walk's: at step k, last + Phi^-1(q) sqrt(k) s, s the
+    // std of the last 96 changes. Checked on what `stream` prints, against the raw values, and
+    // `predict` prints the same after each prefix (before 97 rows, the typical scale).
+    let c = &s["calibration"];
+    assert_eq!((c["scale"].as_str(), c["window"].as_u64()), (Some("change_std"), Some(96)), "{c}");
+    assert_eq!(stdout.lines().filter(|l| l.contains("Repeat is kept, so a random walk's")).count(), 1, "{stdout}");
+    let ckpt = dir.join("walk/best.ckpt");
+    let from = range("test").0;
+    let fed: Vec<String> = walk_text_rows(&std::fs::read_to_string(&walk).unwrap(), from);
+    let streamed = parse_rows(&stream_text(&ckpt, "date,price", &fed), 0);
+    assert_eq!(streamed.len(), fed.len() * 3);
+    let z90 = 1.2815515655446004;
+    for (r, row) in fed.iter().enumerate().skip(96) {
+        let recent = &values[from + r - 96..=from + r];
+        let changes: Vec<f64> = recent.windows(2).map(|w| w[1] - w[0]).collect();
+        let m = changes.iter().sum::<f64>() / 96.0;
+        let sd = (changes.iter().map(|d| (d - m).powi(2)).sum::<f64>() / 96.0).sqrt();
+        for k in 1..=3 {
+            let q = &streamed[r * 3 + k - 1];
+            let want = 2.0 * z90 * sd * (k as f64).sqrt();
+            assert!(((q[5] - q[3]) - want).abs() < 1e-9 * want, "row {row}, step {k}: width {} vs {want}", q[5] - q[3]);
+            assert!((q[4] - q[2]).abs() < 1e-9 * q[2].abs() && (q[2] - values[from + r]).abs() < 1e-9 * q[2].abs(), "{q:?}");
+        }
+    }
+    for k in [1usize, 96, 97, 98, fed.len()] {
+        let prefix = dir.join(format!("walk{k}.csv"));
+        std::fs::write(&prefix, format!("date,price\n{}\n", fed[..k].join("\n"))).unwrap();
+        let o = run(bin().args(["predict", "--checkpoint", ckpt.to_str().unwrap(), "--data", prefix.to_str().unwrap(), "--dtype", "f64"]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for (step, p) in parse_rows(&String::from_utf8_lossy(&o.stdout), 1).iter().enumerate() {
+            for (a, b) in p.iter().zip(&streamed[(k - 1) * 3 + step][2..]) {
+                assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "prefix {k}, step {}: predict {a} vs stream {b}", step + 1);
+            }
+        }
+    }
 
     let cycles = dir.join("cycles.csv");
     std::fs::write(&cycles, synthetic_csv(1200)).unwrap();

@@ -230,10 +230,12 @@ impl Intervals {
             ScaleKind::Constant => "errors as they are".to_string(),
             ScaleKind::LevelStd => format!("errors divided by the std of the last {} values", self.window),
             ScaleKind::AbsChange => format!("errors divided by the mean absolute change over the last {} rows", self.window),
-            ScaleKind::ChangeStd => return format!(
+            ScaleKind::ChangeStd => {
+                return format!(
                 "a random walk's: normal quantiles growing as the square root of the step, times the std of each target's last {} changes",
                 self.window
-            ),
+            )
+            }
         };
         format!("{scale}, {}", if self.per_target { "per target and step" } else { "per step, pooled over the targets" })
     }

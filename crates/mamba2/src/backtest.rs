@@ -32,11 +32,17 @@ pub struct BacktestArgs {
     /// row before the fold].
     #[arg(long)]
     pub window: Option<usize>,
-    /// Do not train: forecast every fold with this checkpoint (written by `mamba2 train`); the
-    /// model flags are then ignored.
+    /// Do not train: forecast every fold with this checkpoint (written by `mamba2 train`), which
+    /// fixes the model, its inputs and its quantiles; flags that would shape or train a model
+    /// are refused beside it.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
 }
+
+/// The flags `backtest --checkpoint` reads (clap's ids); every other one would shape or train a
+/// model, which the checkpoint fixes, and is refused rather than silently ignored.
+const WITH_CHECKPOINT: [&str; 10] =
+    ["checkpoint", "data", "date_column", "out", "folds", "fold_rows", "cost_bps", "batch_size", "device", "dtype"];
 
 /// What one fold's forecasts add up to, in the reporting units.
 struct Tally {
@@ -71,9 +77,20 @@ struct Record {
     truth: Vec<f64>,
 }
 
-/// Checks the flags that need no data, and returns the output directory.
-pub fn check(b: &BacktestArgs) -> Result<PathBuf> {
+/// Checks the flags that need no data (`given`: those on the command line, by clap's ids), and
+/// returns the output directory.
+pub fn check(b: &BacktestArgs, given: &[String]) -> Result<PathBuf> {
     let a = &b.train;
+    if let Some(p) = &b.checkpoint {
+        if let Some(flag) = given.iter().find(|id| !WITH_CHECKPOINT.contains(&id.as_str())) {
+            bail!(
+                "backtest --checkpoint {} does not take --{}: the checkpoint fixes the model, its inputs and its quantiles; \
+                 drop the flag, or leave out --checkpoint to train a model per fold",
+                p.display(),
+                flag.replace('_', "-")
+            );
+        }
+    }
     if let Some(id) = &a.id_column {
         bail!("backtest --id-column {id}: backtest reads one wide table for now; train and eval read long-format panels");
     }

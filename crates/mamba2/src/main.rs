@@ -15,7 +15,7 @@ mod report;
 use anyhow::{bail, Context, Result};
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::AutodiffBackend;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use mamba2::plot::{draw, Band, Chart, Line, BAND_RGB};
 use mamba2_data::calendar::Calendar;
 use mamba2_data::quantile::{central_pairs, level_name, Calibration};
@@ -1311,8 +1311,21 @@ fn read_panel(d: &DataArgs, spec: &ForecastSpec, p: &PanelSpec) -> Result<Table>
     Ok(table)
 }
 
-fn cmd_backtest(b: backtest::BacktestArgs) -> Result<()> {
-    let out = backtest::check(&b)?;
+/// The flags given on the command line to subcommand `name` (clap's ids: field names; the
+/// groups that flattened structs make are not flags).
+fn given_flags(matches: &clap::ArgMatches, name: &str) -> Vec<String> {
+    let (Some(m), Some(sub)) = (matches.subcommand_matches(name), Cli::command().find_subcommand(name).cloned()) else {
+        return Vec::new();
+    };
+    m.ids()
+        .filter(|id| sub.get_arguments().any(|a| a.get_id() == *id))
+        .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| id.as_str().to_string())
+        .collect()
+}
+
+fn cmd_backtest(b: backtest::BacktestArgs, given: &[String]) -> Result<()> {
+    let out = backtest::check(&b, given)?;
     with_backend!(b.train.backend, B, backtest::run::<B>(&b, &out))
 }
 
@@ -1847,8 +1860,9 @@ fn quiet_exchange_panics() {
 fn main() {
     // Usage mistakes are reported on one line like every other error (help and version print
     // as usual).
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command().try_get_matches().and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
@@ -1866,7 +1880,7 @@ fn main() {
     let result = match cli.command {
         Command::Train(a) => cmd_train(*a),
         Command::Eval(a) => cmd_eval(a),
-        Command::Backtest(b) => cmd_backtest(*b),
+        Command::Backtest(b) => cmd_backtest(*b, &given_flags(&matches, "backtest")),
         Command::Predict(a) => cmd_predict(a),
         Command::Stream(a) => cmd_stream(a),
         Command::Generate(a) => generate::cmd_generate(a),

@@ -380,6 +380,16 @@ fn malformed_inputs_fail_with_one_line_and_leave_nothing_half_written() {
         ("backtest: a window of 0 rows", vec!["backtest", "--data", g, "--window", "0"], "--window 0"),
         ("backtest: --split", vec!["backtest", "--data", g, "--split", "0.7,0.1"], "backtest does not take --split"),
         (
+            "backtest --checkpoint with a model flag",
+            vec!["backtest", "--checkpoint", ckpt.to_str().unwrap(), "--data", g, "--lookback", "48", "--out", &out("btc")],
+            "does not take --lookback: the checkpoint fixes the model",
+        ),
+        (
+            "backtest --checkpoint with --window",
+            vec!["backtest", "--checkpoint", ckpt.to_str().unwrap(), "--data", g, "--window", "200", "--out", &out("btw")],
+            "does not take --window",
+        ),
+        (
             "NaN cost in eval",
             vec!["eval", "--checkpoint", ckpt.to_str().unwrap(), "--data", g, "--dtype", "f64", "--cost-bps", "NaN"],
             "--cost-bps NaN is not a cost",

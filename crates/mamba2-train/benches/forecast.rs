@@ -12,8 +12,8 @@
 //! - `forecast/stream_row_quantiles/S`: the same row at `L` = 96 on a stream that also keeps
 //!   calibrated intervals (levels 0.1, 0.5, 0.9) and returns their quantiles after every row,
 //!   against `plain`, the same push without them. `S` names the local scale: `abs_change_96`,
-//!   and `level_std_336` (the longest window any candidate reads, the costliest, and what
-//!   validation chooses on ETTh1 H 96). Each measured row alternates with an unmeasured row of
+//!   `level_std_336` (the longest window any candidate reads, the costliest, and what
+//!   validation chooses on ETTh1 H 96), and `change_std_96` (a kept Repeat's random walk). Each measured row alternates with an unmeasured row of
 //!   the other stream, as for the train steps.
 //!
 //! - `forecast/bank_row/N`: one incoming row of one of N = 1,000 series, interleaved round
@@ -176,7 +176,11 @@ fn stream_rows_quantiles(c: &mut Criterion) {
             s.push(&data.rows[r], data.clock[r]).unwrap();
         }
     };
-    for (name, scale, window) in [("abs_change_96", ScaleKind::AbsChange, 96), ("level_std_336", ScaleKind::LevelStd, 336)] {
+    for (name, scale, window) in [
+        ("abs_change_96", ScaleKind::AbsChange, 96),
+        ("level_std_336", ScaleKind::LevelStd, 336),
+        ("change_std_96", ScaleKind::ChangeStd, 96),
+    ] {
         let mut plain = ForecastStream::<f32>::new(&model);
         let mut with = ForecastStream::<f32>::new(&model).with_intervals(intervals(scale, window, t_n, 96)).unwrap();
         warm(&mut plain);

@@ -231,10 +231,11 @@ impl Intervals {
             ScaleKind::LevelStd => format!("errors divided by the std of the last {} values", self.window),
             ScaleKind::AbsChange => format!("errors divided by the mean absolute change over the last {} rows", self.window),
             ScaleKind::ChangeStd => {
+                let w = self.window;
                 return format!(
-                "a random walk's: normal quantiles growing as the square root of the step, times the std of each target's last {} changes",
-                self.window
-            )
+                    "a random walk's: normal quantiles growing as the square root of the step, \
+                     times the std of each target's last {w} changes"
+                );
             }
         };
         format!("{scale}, {}", if self.per_target { "per target and step" } else { "per step, pooled over the targets" })

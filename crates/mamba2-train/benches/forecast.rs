@@ -13,8 +13,9 @@
 //!   calibrated intervals (levels 0.1, 0.5, 0.9) and returns their quantiles after every row,
 //!   against `plain`, the same push without them. `S` names the local scale: `abs_change_96`,
 //!   `level_std_336` (the longest window any candidate reads, the costliest, and what
-//!   validation chooses on ETTh1 H 96), and `change_std_96` (a kept Repeat's random walk). Each measured row alternates with an unmeasured row of
-//!   the other stream, as for the train steps.
+//!   validation chooses on ETTh1 H 96), and `change_std_96` (a kept Repeat's random walk).
+//!   Each measured row alternates with an unmeasured row of the other stream, as for the train
+//!   steps.
 //!
 //! - `forecast/bank_row/N`: one incoming row of one of N = 1,000 series, interleaved round
 //!   robin, through a `StreamBank` (f32, one thread) of the default single-series model (L 96,

@@ -861,7 +861,9 @@ fn epochs<B: AutodiffBackend>(
     // epochs are done (a resumed run that has none left to train does the same again).
     let calibration = if peer.leads() && dir.best().exists() {
         report(Progress::Calibrating);
-        Some(calibrate_best::<B::InnerBackend>(config, dir, val_w, &data.clock, tc, device)?)
+        // Repeat kept (alpha 0) gets a random walk's intervals.
+        let repeat_kept = meta.blend.as_ref().is_some_and(|b| b.alpha == 0.0);
+        Some(calibrate_best::<B::InnerBackend>(config, dir, val_w, &data.clock, tc, repeat_kept, device)?)
     } else {
         None
     };
@@ -877,18 +879,17 @@ fn epochs<B: AutodiffBackend>(
 }
 
 /// Fits the quantiles of `best.ckpt`'s forecasts on the validation windows and saves them in it
-/// (atomically, beside what it held).
+/// (atomically, beside what it held); `repeat_kept`: its blend is Repeat (`alpha` 0).
 fn calibrate_best<B: Backend>(
     config: &ForecasterConfig,
     dir: &RunDir,
     val_w: &Windows,
     clock: &[i64],
     tc: &TrainConfig,
+    repeat_kept: bool,
     device: &B::Device,
 ) -> Result<Calibration, TrainError> {
     let best = load_checkpoint::<B, Forecaster<B>, ForecasterConfig>(&dir.best(), device, |c, d| c.init(d))?;
-    // The blend best.ckpt was saved with: alpha 0 is Repeat, whose intervals are a random walk's.
-    let repeat_kept = best.meta["blend"]["alpha"].as_f64() == Some(0.0);
     let c = calibrate(&best.module, val_w, clock, &tc.quantiles, tc.batch_size, repeat_kept, device)?;
     let mut meta = best.meta;
     meta["calibration"] = serde_json::to_value(&c).expect("serialisable");
